@@ -1,0 +1,95 @@
+"""A request as the scheduler core sees it: token ids in, token ids out, one progress counter."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # EOS, a stop token id, or (service level) a stop string
+    LENGTH = "length"  # max_tokens or max_model_len reached
+    ABORT = "abort"  # client cancelled or aborted
+    ERROR = "error"  # failed (e.g. too many migrations)
+
+
+class RequestStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    SWAPPED = enum.auto()
+    FINISHED = enum.auto()
+
+    @property
+    def is_finished(self) -> bool:
+        return self is RequestStatus.FINISHED
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = disabled
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-n logprobs per sampled token; None = off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    priority: int = 0  # lower value = more important
+    arrival_time: float | None = None
+    eos_token_id: int | None = None
+    tenant: str | None = None
+    deadline: float | None = None  # absolute time.monotonic() deadline, policy hint
+    # tokens generated before this scheduler saw the request (migration from a lost worker)
+    output_token_ids: list[int] = field(default_factory=list)
+
+    # progress, owned by the scheduler
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1  # prefix-cache hit at first schedule; -1 = not yet scheduled
+    num_preemptions: int = 0
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+
+    def __post_init__(self) -> None:
+        if self.arrival_time is None:
+            self.arrival_time = time.monotonic()
+        self.prompt_token_ids = list(self.prompt_token_ids)
+        self.output_token_ids = list(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens known: prompt + output. num_computed_tokens chases this."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def is_finished(self) -> bool:
+        return self.status.is_finished
