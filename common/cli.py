@@ -1,0 +1,132 @@
+"""The `splitserve` command: scheduler, worker, up, generate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from common.settings import add_dataclass_args, dataclass_from_args
+
+
+def _scheduler_parser(sub) -> None:
+    from scheduler_svc.config import SchedulerServiceConfig
+
+    p = sub.add_parser("scheduler", help="run the scheduler service")
+    add_dataclass_args(p, SchedulerServiceConfig)
+
+
+def _worker_parser(sub) -> None:
+    from worker_svc.config import ModelRunnerConfig
+    from worker_svc.link import WorkerLinkConfig
+
+    p = sub.add_parser("worker", help="run a model worker that dials the scheduler")
+    add_dataclass_args(p, WorkerLinkConfig)
+    add_dataclass_args(p, ModelRunnerConfig)
+
+
+def _up_parser(sub) -> None:
+    from scheduler_svc.config import SchedulerServiceConfig
+
+    p = sub.add_parser("up", help="start a scheduler and N workers on this machine")
+    p.add_argument("--workers", type=int, default=1, help="number of workers")
+    p.add_argument("--worker-arg", action="append", default=[],
+                   help="extra flag for every worker, e.g. --worker-arg=--num-gpu-blocks=512")
+    p.add_argument("--demo", default=None, metavar="PROMPT",
+                   help="once a worker is attached, send PROMPT and print the answer")
+    add_dataclass_args(p, SchedulerServiceConfig)
+
+
+def _generate_parser(sub) -> None:
+    p = sub.add_parser("generate", help="send one prompt and stream the answer")
+    p.add_argument("prompt")
+    p.add_argument("--scheduler", default="localhost:50051", help="scheduler's client address")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--timeout", type=float, default=None)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    import grpc
+
+    from common.client import FINISH_NAMES, SplitserveClient, build_request
+
+    kwargs = dict(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos or None,
+        priority=args.priority,
+    )
+    if args.chat:
+        kwargs["messages"] = [{"role": "user", "content": args.prompt}]
+        prompt = None
+    else:
+        prompt = args.prompt
+    build_request(prompt, **kwargs)  # argument errors before connecting
+    with SplitserveClient(args.scheduler, api_key=args.api_key, timeout=args.timeout) as client:
+        try:
+            if args.json:
+                result = client.generate(prompt, **kwargs)
+                print(json.dumps(result.to_dict(), ensure_ascii=False))
+                return 0 if result.finish_reason != "error" else 1
+            finish = None
+            for msg in client.stream(prompt, **kwargs):
+                sys.stdout.write(msg.text)
+                sys.stdout.flush()
+                if msg.finish_reason:
+                    finish = FINISH_NAMES[msg.finish_reason]
+            sys.stdout.write("\n")
+            print(f"[finish_reason: {finish}]", file=sys.stderr)
+        except grpc.RpcError as exc:
+            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="splitserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _scheduler_parser(sub)
+    _up_parser(sub)
+    _generate_parser(sub)
+    needs_worker = (argv if argv is not None else sys.argv[1:])[:1] == ["worker"]
+    if needs_worker:  # importing the worker's config pulls in nothing heavy, but keep it lazy
+        _worker_parser(sub)
+    else:
+        sub.add_parser("worker", help="run a model worker that dials the scheduler")
+    args = parser.parse_args(argv)
+    if args.command == "scheduler":
+        from scheduler_svc.config import SchedulerServiceConfig
+        from scheduler_svc.main import main as scheduler_main
+
+        scheduler_main(dataclass_from_args(SchedulerServiceConfig, args))
+        return 0
+    if args.command == "worker":
+        from worker_svc.config import ModelRunnerConfig
+        from worker_svc.link import WorkerLinkConfig
+        from worker_svc.main import main as worker_main
+
+        return worker_main(
+            dataclass_from_args(WorkerLinkConfig, args),
+            dataclass_from_args(ModelRunnerConfig, args),
+        )
+    if args.command == "up":
+        from common.launcher import run_up
+
+        return run_up(args)
+    if args.command == "generate":
+        return run_generate(args)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

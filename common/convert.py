@@ -1,0 +1,229 @@
+"""Protobuf <-> core conversion: sampling params, and the step diff on both sides of the link."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.pb import sampling_pb2, worker_link_pb2
+from scheduler_svc.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput
+from scheduler_svc.core.request import SamplingParams
+
+DEFAULT_MAX_TOKENS = 16
+
+
+def sampling_from_proto(pb: sampling_pb2.SamplingParams) -> tuple[SamplingParams, list[str]]:
+    """Proto to core params (defaults applied, nothing validated) plus the stop strings."""
+    params = SamplingParams(
+        max_tokens=pb.max_tokens if pb.HasField("max_tokens") else DEFAULT_MAX_TOKENS,
+        min_tokens=pb.min_tokens,
+        temperature=pb.temperature if pb.HasField("temperature") else 1.0,
+        top_p=pb.top_p if pb.HasField("top_p") else 1.0,
+        top_k=pb.top_k,
+        min_p=pb.min_p,
+        seed=pb.seed if pb.HasField("seed") else None,
+        presence_penalty=pb.presence_penalty,
+        frequency_penalty=pb.frequency_penalty,
+        repetition_penalty=pb.repetition_penalty if pb.HasField("repetition_penalty") else 1.0,
+        stop_token_ids=list(pb.stop_token_ids),
+        ignore_eos=pb.ignore_eos,
+        logprobs=pb.logprobs if pb.HasField("logprobs") else None,
+    )
+    return params, list(pb.stop)
+
+
+def sampling_to_proto(params: SamplingParams, stop: list[str] | None = None) -> sampling_pb2.SamplingParams:
+    pb = sampling_pb2.SamplingParams(
+        max_tokens=params.max_tokens,
+        min_tokens=params.min_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        min_p=params.min_p,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
+        stop_token_ids=params.stop_token_ids,
+        ignore_eos=params.ignore_eos,
+        stop=stop or [],
+    )
+    if params.seed is not None:
+        pb.seed = params.seed
+    if params.logprobs is not None:
+        pb.logprobs = params.logprobs
+    return pb
+
+
+@dataclass(slots=True)
+class HandleTable:
+    """Small integer handles for request ids on one worker link, reused after release."""
+
+    by_id: dict[str, int] = field(default_factory=dict)
+    by_handle: dict[int, str] = field(default_factory=dict)
+    free: list[int] = field(default_factory=list)
+    next_handle: int = 1
+
+    def assign(self, request_id: str) -> int:
+        handle = self.by_id.get(request_id)
+        if handle is not None:
+            return handle
+        handle = self.free.pop() if self.free else self._fresh()
+        self.by_id[request_id] = handle
+        self.by_handle[handle] = request_id
+        return handle
+
+    def _fresh(self) -> int:
+        handle = self.next_handle
+        self.next_handle += 1
+        return handle
+
+    def release(self, request_id: str) -> None:
+        handle = self.by_id.pop(request_id, None)
+        if handle is not None:
+            del self.by_handle[handle]
+            self.free.append(handle)
+
+
+def encode_step(out: SchedulerOutput, handles: HandleTable) -> worker_link_pb2.Step:
+    """The scheduler's diff as a Step. Handles of finished requests are released afterwards."""
+    step = worker_link_pb2.Step(step_id=out.step_id)
+    sched = out.num_scheduled_tokens
+    for req_id in out.finished_req_ids:
+        handle = handles.by_id.get(req_id)
+        if handle is not None:
+            step.finished.append(handle)
+    for req_id in out.preempted_req_ids:
+        handle = handles.by_id.get(req_id)
+        if handle is not None:
+            step.preempted.append(handle)
+    for new in out.new_requests:
+        step.new_requests.append(
+            worker_link_pb2.NewRequest(
+                handle=handles.assign(new.request_id),
+                prompt_token_ids=new.prompt_token_ids,
+                sampling=sampling_to_proto(new.sampling_params),
+                block_ids=new.block_ids,
+                num_computed_tokens=new.num_computed_tokens,
+                num_scheduled_tokens=sched.get(new.request_id, 0),
+                output_token_ids=new.output_token_ids,
+            )
+        )
+    add_cached = step.cached_requests.add
+    for cached in out.cached_requests:
+        msg = add_cached(
+            handle=handles.by_id[cached.request_id],
+            num_scheduled_tokens=sched.get(cached.request_id, 0),
+            num_computed_tokens=cached.num_computed_tokens,
+        )
+        if cached.new_block_ids:
+            msg.new_block_ids.extend(cached.new_block_ids)
+        if cached.resumed:
+            msg.resumed = True
+            msg.new_token_ids.extend(cached.new_token_ids)
+    for dev, host in out.blocks_to_swap_out:
+        step.swap_out.add(device_block=dev, host_block=host)
+    for dev, host in out.blocks_to_swap_in:
+        step.swap_in.add(device_block=dev, host_block=host)
+    for req_id in out.finished_req_ids:
+        handles.release(req_id)
+    return step
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def decode_step_result(
+    result: worker_link_pb2.StepResult, handles: HandleTable
+) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprobs]]]:
+    sampled: dict[str, list[int]] = {}
+    logprobs: dict[str, list[TokenLogprobs]] = {}
+    by_handle = handles.by_handle
+    for item in result.sampled:
+        req_id = by_handle.get(item.handle)
+        if req_id is None:
+            raise ValueError(f"worker answered for unknown request handle {item.handle}")
+        sampled[req_id] = list(item.token_ids)
+        if item.logprobs:
+            n = len(item.top_token_ids) // max(len(item.token_ids), 1)
+            logprobs[req_id] = [
+                TokenLogprobs(
+                    tok,
+                    item.logprobs[i],
+                    list(
+                        zip(
+                            item.top_token_ids[i * n : (i + 1) * n],
+                            item.top_logprobs[i * n : (i + 1) * n],
+                            strict=True,
+                        )
+                    ),
+                )
+                for i, tok in enumerate(item.token_ids)
+            ]
+    return sampled, logprobs
+
+
+def decode_step(step: worker_link_pb2.Step) -> SchedulerOutput:
+    """On the worker: a Step as the core's SchedulerOutput, request ids being str(handle)."""
+    out = SchedulerOutput(step_id=step.step_id)
+    sched = out.num_scheduled_tokens
+    for new in step.new_requests:
+        req_id = str(new.handle)
+        params, _ = sampling_from_proto(new.sampling)
+        out.new_requests.append(
+            NewRequestData(
+                request_id=req_id,
+                prompt_token_ids=list(new.prompt_token_ids),
+                sampling_params=params,
+                block_ids=list(new.block_ids),
+                num_computed_tokens=new.num_computed_tokens,
+                output_token_ids=list(new.output_token_ids),
+            )
+        )
+        if new.num_scheduled_tokens:
+            sched[req_id] = new.num_scheduled_tokens
+    for cached in step.cached_requests:
+        req_id = str(cached.handle)
+        out.cached_requests.append(
+            CachedRequestData(
+                request_id=req_id,
+                new_block_ids=list(cached.new_block_ids),
+                num_computed_tokens=cached.num_computed_tokens,
+                resumed=cached.resumed,
+                new_token_ids=list(cached.new_token_ids),
+            )
+        )
+        if cached.num_scheduled_tokens:
+            sched[req_id] = cached.num_scheduled_tokens
+    out.total_num_scheduled_tokens = sum(sched.values())
+    out.preempted_req_ids = {str(h) for h in step.preempted}
+    out.finished_req_ids = {str(h) for h in step.finished}
+    out.blocks_to_swap_out = [(p.device_block, p.host_block) for p in step.swap_out]
+    out.blocks_to_swap_in = [(p.device_block, p.host_block) for p in step.swap_in]
+    return out
+
+
+def encode_step_result(
+    step_id: int,
+    sampled: dict[str, list[int]],
+    logprobs: dict[str, list[TokenLogprobs]] | None = None,
+    forward_time_s: float = 0.0,
+    sample_time_s: float = 0.0,
+    step_time_s: float = 0.0,
+) -> worker_link_pb2.StepResult:
+    result = worker_link_pb2.StepResult(
+        step_id=step_id,
+        forward_time_s=forward_time_s,
+        sample_time_s=sample_time_s,
+        step_time_s=step_time_s,
+    )
+    add = result.sampled.add
+    for req_id, tokens in sampled.items():
+        item = add(handle=int(req_id), token_ids=tokens)
+        for lp in (logprobs or {}).get(req_id, ()):
+            item.logprobs.append(lp.logprob)
+            item.top_token_ids.extend(t for t, _ in lp.top)
+            item.top_logprobs.extend(v for _, v in lp.top)
+    return result

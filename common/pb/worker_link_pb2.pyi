@@ -1,0 +1,158 @@
+from common.pb import sampling_pb2 as _sampling_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class WorkerMessage(_message.Message):
+    __slots__ = ("register", "step_result", "heartbeat")
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    STEP_RESULT_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    register: Register
+    step_result: StepResult
+    heartbeat: Heartbeat
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., step_result: _Optional[_Union[StepResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+
+class SchedulerMessage(_message.Message):
+    __slots__ = ("register_ack", "step", "heartbeat")
+    REGISTER_ACK_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    register_ack: RegisterAck
+    step: Step
+    heartbeat: Heartbeat
+    def __init__(self, register_ack: _Optional[_Union[RegisterAck, _Mapping]] = ..., step: _Optional[_Union[Step, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+
+class Register(_message.Message):
+    __slots__ = ("worker_id", "model", "block_size", "num_device_blocks", "num_host_blocks", "max_model_len", "vocab_size", "eos_token_id", "secret", "device", "dtype")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_DEVICE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_HOST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EOS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    model: str
+    block_size: int
+    num_device_blocks: int
+    num_host_blocks: int
+    max_model_len: int
+    vocab_size: int
+    eos_token_id: int
+    secret: str
+    device: str
+    dtype: str
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., secret: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
+
+class RegisterAck(_message.Message):
+    __slots__ = ("worker_id", "max_model_len")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    max_model_len: int
+    def __init__(self, worker_id: _Optional[str] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("time",)
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    def __init__(self, time: _Optional[float] = ...) -> None: ...
+
+class NewRequest(_message.Message):
+    __slots__ = ("handle", "prompt_token_ids", "sampling", "block_ids", "num_computed_tokens", "num_scheduled_tokens", "output_token_ids")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    handle: int
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: _sampling_pb2.SamplingParams
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+    output_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, handle: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., output_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CachedRequest(_message.Message):
+    __slots__ = ("handle", "num_scheduled_tokens", "new_block_ids", "num_computed_tokens", "resumed", "new_token_ids")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
+    NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    handle: int
+    num_scheduled_tokens: int
+    new_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    num_computed_tokens: int
+    resumed: bool
+    new_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, handle: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., resumed: _Optional[bool] = ..., new_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class BlockPair(_message.Message):
+    __slots__ = ("device_block", "host_block")
+    DEVICE_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    HOST_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    device_block: int
+    host_block: int
+    def __init__(self, device_block: _Optional[int] = ..., host_block: _Optional[int] = ...) -> None: ...
+
+class Step(_message.Message):
+    __slots__ = ("step_id", "new_requests", "cached_requests", "preempted", "finished", "swap_out", "swap_in")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    SWAP_OUT_FIELD_NUMBER: _ClassVar[int]
+    SWAP_IN_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
+    cached_requests: _containers.RepeatedCompositeFieldContainer[CachedRequest]
+    preempted: _containers.RepeatedScalarFieldContainer[int]
+    finished: _containers.RepeatedScalarFieldContainer[int]
+    swap_out: _containers.RepeatedCompositeFieldContainer[BlockPair]
+    swap_in: _containers.RepeatedCompositeFieldContainer[BlockPair]
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Iterable[_Union[CachedRequest, _Mapping]]] = ..., preempted: _Optional[_Iterable[int]] = ..., finished: _Optional[_Iterable[int]] = ..., swap_out: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ...) -> None: ...
+
+class SampledTokens(_message.Message):
+    __slots__ = ("handle", "token_ids", "logprobs", "top_token_ids", "top_logprobs")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    handle: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    top_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    top_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, handle: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class StepResult(_message.Message):
+    __slots__ = ("step_id", "sampled", "forward_time_s", "sample_time_s", "step_time_s", "error")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    sampled: _containers.RepeatedCompositeFieldContainer[SampledTokens]
+    forward_time_s: float
+    sample_time_s: float
+    step_time_s: float
+    error: str
+    def __init__(self, step_id: _Optional[int] = ..., sampled: _Optional[_Iterable[_Union[SampledTokens, _Mapping]]] = ..., forward_time_s: _Optional[float] = ..., sample_time_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,35 @@
+"""The scheduler service's configuration; flags and SPLITSERVE_* env vars derive from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def _opt(default, help_text: str, **meta):
+    return field(default=default, metadata={"help": help_text, **meta})
+
+
+@dataclass(slots=True)
+class SchedulerServiceConfig:
+    host: str = _opt("0.0.0.0", "address to listen on")
+    port: int = _opt(50051, "client gRPC port (Generation API)")
+    worker_port: int = _opt(50052, "port workers dial (WorkerLink)")
+    http_port: int = _opt(8000, "HTTP port (OpenAI API, /metrics, dashboard); 0 = off")
+    model: str | None = _opt(None, "model: HF directory, .gguf file, or default SmolLM2-135M")
+    served_model_name: str | None = _opt(None, "name clients use; default: the model's name")
+    max_model_len: int = _opt(4096, "longest prompt + output in tokens")
+    max_num_batched_tokens: int = _opt(1024, "token budget of one step per worker")
+    max_num_seqs: int = _opt(128, "most requests running at once per worker")
+    scheduling_policy: str = _opt("fcfs", "waiting-queue order: fcfs, priority, ...")
+    preemption_mode: str = _opt("recompute", "what happens to a preempted request")
+    enable_prefix_caching: bool = _opt(True, "reuse KV blocks of shared prompt prefixes")
+    enable_chunked_prefill: bool = _opt(True, "split long prompts over several steps")
+    long_prefill_token_threshold: int = _opt(0, "cap one request's prefill chunk (0 = off)")
+    watermark: float = _opt(0.01, "fraction of KV blocks kept free when admitting")
+    worker_wait_timeout: float = _opt(30.0, "seconds a request waits for a worker")
+    worker_timeout: float = _opt(20.0, "seconds of silence after which a worker is lost")
+    max_migrations: int = _opt(3, "times a request may move to another worker before failing")
+    worker_secret: str = _opt("", "shared secret workers must present (empty = none)")
+    max_message_bytes: int = _opt(64 * 1024 * 1024, "largest gRPC message accepted")
+    log_level: str = _opt("info", "log level")
+    log_json: bool = _opt(True, "JSON log lines")

@@ -1,0 +1,100 @@
+"""Incremental, UTF-8-safe detokenization with stop strings held back until they cannot match.
+
+Decoding token by token breaks multi-byte characters and merges (a space that belongs to the
+next word, a character split over two byte tokens). We decode a short window twice: the text up
+to the last emitted token, and the text including the new tokens; the difference is new text,
+unless it ends in U+FFFD (an incomplete character), in which case we wait for more tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+# tokens kept before the unread ones so merges (leading spaces) decode right
+_CONTEXT_TOKENS = 5
+
+
+class Decoder(Protocol):
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+
+@dataclass(slots=True)
+class IncrementalDetokenizer:
+    decoder: Decoder
+    skip_special_tokens: bool = True
+    stop_strings: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""  # all decoded text so far
+    emitted: int = 0  # characters of text already handed out
+    prefix_offset: int = 0
+    read_offset: int = 0
+    stop_hit: str | None = None
+
+    @classmethod
+    def for_prompt(
+        cls, decoder: Decoder, prompt_token_ids: list[int], skip_special_tokens: bool,
+        stop_strings: list[str],
+    ) -> IncrementalDetokenizer:
+        tail = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        return cls(
+            decoder=decoder,
+            skip_special_tokens=skip_special_tokens,
+            stop_strings=[s for s in stop_strings if s],
+            token_ids=tail,
+            prefix_offset=0,
+            read_offset=len(tail),
+        )
+
+    def add_tokens(self, new_token_ids: list[int]) -> None:
+        """Decode new tokens into self.text; checks stop strings."""
+        if self.stop_hit is not None:
+            return
+        self.token_ids.extend(new_token_ids)
+        decode = self.decoder.decode
+        skip = self.skip_special_tokens
+        prefix_text = decode(self.token_ids[self.prefix_offset : self.read_offset], skip)
+        full_text = decode(self.token_ids[self.prefix_offset :], skip)
+        if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
+            before = len(self.text)
+            self.text += full_text[len(prefix_text) :]
+            self.prefix_offset = max(self.read_offset, len(self.token_ids) - _CONTEXT_TOKENS)
+            self.read_offset = len(self.token_ids)
+            if self.stop_strings:
+                self._check_stop(before)
+        # keep the window bounded
+        if self.prefix_offset > 64:
+            del self.token_ids[: self.prefix_offset]
+            self.read_offset -= self.prefix_offset
+            self.prefix_offset = 0
+
+    def _check_stop(self, new_from: int) -> None:
+        longest = max(len(s) for s in self.stop_strings)
+        search_from = max(0, new_from - longest + 1)
+        best: tuple[int, str] | None = None
+        for stop in self.stop_strings:
+            idx = self.text.find(stop, search_from)
+            if idx != -1 and (best is None or idx < best[0]):
+                best = (idx, stop)
+        if best is not None:
+            self.text = self.text[: best[0]]
+            self.stop_hit = best[1]
+
+    def take_delta(self, final: bool) -> str:
+        """New text safe to show: while not final, a tail that could begin a stop string stays."""
+        limit = len(self.text)
+        if not final and self.stop_strings and self.stop_hit is None:
+            limit = max(self.emitted, limit - self._held_back())
+        delta = self.text[self.emitted : limit]
+        self.emitted = limit
+        return delta
+
+    def _held_back(self) -> int:
+        """Length of the longest text suffix that is a proper prefix of some stop string."""
+        held = 0
+        for stop in self.stop_strings:
+            for k in range(min(len(stop) - 1, len(self.text)), held, -1):
+                if self.text.endswith(stop[:k]):
+                    held = k
+                    break
+        return held

@@ -1,0 +1,114 @@
+"""Turn a client's GenerateRequest into a validated RequestState (or a clear rejection)."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+
+from common.convert import sampling_from_proto
+from common.pb import generation_pb2 as gen_pb
+from scheduler_svc.core import RequestRejected, validate_sampling_params
+from scheduler_svc.detokenizer import IncrementalDetokenizer
+from scheduler_svc.request_state import RequestState
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_LEN = 256
+MAX_REQUEST_ID_LEN = 256
+
+
+class Intake:
+    """Validation and tokenization shared by the gRPC and HTTP front ends."""
+
+    def __init__(self, tokenizer, model_name: str, aliases: set[str], max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.aliases = aliases | {model_name}
+        self.max_model_len = max_model_len
+        self.vocab_size = tokenizer.vocab_size
+
+    def check_model(self, model: str) -> None:
+        if model and model not in self.aliases:
+            raise RequestRejected(
+                f"unknown model {model!r}; this server serves {self.model_name!r}"
+            )
+
+    def prompt_from_proto(self, request: gen_pb.GenerateRequest) -> list[int]:
+        kind = request.WhichOneof("input")
+        if kind == "text":
+            if not request.text:
+                raise RequestRejected("the prompt is empty; send some text or token ids")
+            return self.tokenizer.encode(request.text)
+        if kind == "token_ids":
+            return self.check_token_ids(list(request.token_ids.ids))
+        if kind == "chat":
+            messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
+            return self.render_chat(messages)
+        raise RequestRejected("the prompt is empty; send text, token_ids or chat messages")
+
+    def render_chat(self, messages: list[dict]) -> list[int]:
+        if not messages:
+            raise RequestRejected("the chat has no messages")
+        for m in messages:
+            if m.get("role") not in ("system", "user", "assistant", "tool"):
+                raise RequestRejected(
+                    f"unknown chat role {m.get('role')!r}; use system, user or assistant"
+                )
+        return self.tokenizer.apply_chat_template(messages)
+
+    def check_token_ids(self, ids: list[int]) -> list[int]:
+        for tok in ids:
+            if tok < 0 or tok >= self.vocab_size:
+                raise RequestRejected(
+                    f"token id {tok} is outside the vocabulary (0..{self.vocab_size - 1})"
+                )
+        return ids
+
+    def build(self, request: gen_pb.GenerateRequest) -> RequestState:
+        self.check_model(request.model)
+        if len(request.request_id) > MAX_REQUEST_ID_LEN:
+            raise RequestRejected(f"request_id is longer than {MAX_REQUEST_ID_LEN} characters")
+        params, stop = sampling_from_proto(request.sampling)
+        validate_sampling_params(params)
+        self.check_token_ids(params.stop_token_ids)
+        if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_STRING_LEN for s in stop):
+            raise RequestRejected(
+                f"at most {MAX_STOP_STRINGS} stop strings of {MAX_STOP_STRING_LEN} characters"
+            )
+        if not math.isfinite(request.deadline_s) or request.deadline_s < 0:
+            raise RequestRejected("deadline_s must be a finite number of seconds >= 0")
+        prompt = self.prompt_from_proto(request)
+        return self.make_state(
+            request_id=request.request_id or uuid.uuid4().hex,
+            prompt=prompt,
+            params=params,
+            stop=stop,
+            priority=request.priority,
+            tenant=request.tenant or None,
+            deadline_s=request.deadline_s,
+            skip_special_tokens=not request.include_special_tokens,
+        )
+
+    def make_state(self, request_id, prompt, params, stop, priority=0, tenant=None,
+                   deadline_s=0.0, skip_special_tokens=True) -> RequestState:
+        if not prompt:
+            raise RequestRejected("the prompt is empty after tokenization")
+        if len(prompt) >= self.max_model_len:
+            raise RequestRejected(
+                f"the prompt has {len(prompt)} tokens but max_model_len is {self.max_model_len}; "
+                "shorten the prompt"
+            )
+        now = time.monotonic()
+        return RequestState(
+            request_id=request_id,
+            prompt_token_ids=prompt,
+            params=params,
+            detokenizer=IncrementalDetokenizer.for_prompt(
+                self.tokenizer, prompt, skip_special_tokens, stop
+            ),
+            priority=priority,
+            tenant=tenant,
+            deadline=now + deadline_s if deadline_s else None,
+            eos_token_id=self.tokenizer.eos_token_id,
+            arrival_time=now,
+        )

@@ -1,0 +1,121 @@
+"""Start the scheduler service: client API, worker links, health and reflection."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from common.logging import configure_logging, get_logger
+from common.model_source import resolve_model
+from common.pb import generation_pb2, generation_pb2_grpc, worker_link_pb2, worker_link_pb2_grpc
+from common.tokenizer import load_tokenizer
+from scheduler_svc.config import SchedulerServiceConfig
+from scheduler_svc.core import SchedulerConfig
+from scheduler_svc.engine import ServingEngine
+from scheduler_svc.generation_service import GenerationService
+from scheduler_svc.intake import Intake
+from scheduler_svc.worker_link_service import WorkerLinkService
+
+log = get_logger("splitserve.scheduler")
+
+
+def check_config(cfg: SchedulerServiceConfig) -> None:
+    """Fail at start (not at the first worker) on a configuration the core refuses."""
+    SchedulerConfig(
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_num_seqs=cfg.max_num_seqs,
+        block_size=16,
+        num_blocks=1024,
+        watermark=cfg.watermark,
+        policy=cfg.scheduling_policy,
+        preemption_mode=cfg.preemption_mode,
+        enable_chunked_prefill=cfg.enable_chunked_prefill,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+        max_model_len=cfg.max_model_len,
+        long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+    )
+
+
+class SchedulerServer:
+    """The running service: two gRPC servers around one ServingEngine."""
+
+    def __init__(self, cfg: SchedulerServiceConfig) -> None:
+        check_config(cfg)
+        self.cfg = cfg
+        source = resolve_model(cfg.model)
+        self.tokenizer = load_tokenizer(source)
+        model_name = cfg.served_model_name or source.name
+        self.engine = ServingEngine(cfg, source.name)
+        aliases = {source.name, model_name, str(cfg.model or "")} - {""}
+        self.intake = Intake(self.tokenizer, model_name, aliases, cfg.max_model_len)
+        options = [
+            ("grpc.max_receive_message_length", cfg.max_message_bytes),
+            ("grpc.max_send_message_length", cfg.max_message_bytes),
+        ]
+        self.client_server = grpc.aio.server(options=options)
+        self.worker_server = grpc.aio.server(options=options + [
+            ("grpc.keepalive_time_ms", 10_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ])
+        self.health = health.aio.HealthServicer()
+        generation_pb2_grpc.add_GenerationServicer_to_server(
+            GenerationService(self.engine, self.intake), self.client_server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.client_server)
+        reflection.enable_server_reflection(
+            (
+                generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            self.client_server,
+        )
+        worker_link_pb2_grpc.add_WorkerLinkServicer_to_server(
+            WorkerLinkService(self.engine), self.worker_server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.worker_server)
+        reflection.enable_server_reflection(
+            (worker_link_pb2.DESCRIPTOR.services_by_name["WorkerLink"].full_name,
+             reflection.SERVICE_NAME),
+            self.worker_server,
+        )
+        self.port = self.client_server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        self.worker_port = self.worker_server.add_insecure_port(f"{cfg.host}:{cfg.worker_port}")
+
+    async def start(self) -> None:
+        await self.client_server.start()
+        await self.worker_server.start()
+        serving = health_pb2.HealthCheckResponse.SERVING
+        await self.health.set("", serving)
+        await self.health.set("splitserve.v1.Generation", serving)
+        await self.health.set("splitserve.v1.WorkerLink", serving)
+        log.info("scheduler_started", port=self.port, worker_port=self.worker_port,
+                 model=self.engine.model_name, policy=self.cfg.scheduling_policy)
+
+    async def stop(self, grace: float = 2.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        for state in list(self.engine.requests.values()):
+            state.fail("the scheduler is shutting down; retry later", code="UNAVAILABLE")
+        await asyncio.gather(self.client_server.stop(grace), self.worker_server.stop(grace))
+        log.info("scheduler_stopped")
+
+
+async def serve(cfg: SchedulerServiceConfig) -> None:
+    server = SchedulerServer(cfg)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()
+
+
+def main(cfg: SchedulerServiceConfig) -> None:
+    configure_logging(cfg.log_level, cfg.log_json)
+    asyncio.run(serve(cfg))

@@ -1,0 +1,121 @@
+"""What the service keeps per request beyond the core: the client's stream and its text."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from common.convert import TokenLogprobs
+from scheduler_svc.core.request import FinishReason, Request, SamplingParams
+from scheduler_svc.detokenizer import IncrementalDetokenizer
+
+
+@dataclass(slots=True)
+class StreamDelta:
+    token_ids: list[int]
+    text: str
+    finish_reason: FinishReason | None = None
+    stop_reason: str = ""
+    logprobs: list[TokenLogprobs] | None = None
+    error: str = ""
+    error_code: str = ""  # a grpc.StatusCode name when the stream must end with an error status
+    num_output_tokens: int = 0
+    worker_id: str = ""
+
+
+@dataclass(slots=True, eq=False)
+class RequestState:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer
+    priority: int = 0
+    tenant: str | None = None
+    deadline: float | None = None
+    eos_token_id: int | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    worker_id: str | None = None
+    num_migrations: int = 0
+    first_token_time: float | None = None
+    finish_reason: FinishReason | None = None
+    wait_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def to_core_request(self) -> Request:
+        """A core Request carrying everything generated so far (for a first or a new worker)."""
+        return Request(
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_token_ids,
+            sampling_params=self.params,
+            priority=self.priority,
+            arrival_time=self.arrival_time,
+            eos_token_id=self.eos_token_id,
+            tenant=self.tenant,
+            deadline=self.deadline,
+            output_token_ids=list(self.output_token_ids),
+        )
+
+    def push_tokens(
+        self,
+        token_ids: list[int],
+        finish_reason: FinishReason | None,
+        stop_reason: int | str | None,
+        logprobs: list[TokenLogprobs] | None,
+    ) -> bool:
+        """Append tokens and stream them. Returns True when a stop string ended the request."""
+        if self.finished:
+            return False
+        if token_ids and self.first_token_time is None:
+            self.first_token_time = time.monotonic()
+        self.output_token_ids.extend(token_ids)
+        detok = self.detokenizer
+        detok.add_tokens(token_ids)
+        stopped_by_string = detok.stop_hit is not None
+        if stopped_by_string:
+            finish_reason, stop_reason = FinishReason.STOP, detok.stop_hit
+        final = finish_reason is not None
+        text = detok.take_delta(final)
+        if final:
+            self.finish_reason = finish_reason
+        if token_ids or text or final:
+            self.queue.put_nowait(
+                StreamDelta(
+                    token_ids=token_ids,
+                    text=text,
+                    finish_reason=finish_reason,
+                    stop_reason="" if stop_reason is None else str(stop_reason),
+                    logprobs=logprobs,
+                    num_output_tokens=len(self.output_token_ids),
+                    worker_id=self.worker_id or "",
+                )
+            )
+        return stopped_by_string
+
+    def fail(self, message: str, code: str = "") -> None:
+        if self.finished:
+            return
+        self.finish_reason = FinishReason.ERROR
+        self.queue.put_nowait(
+            StreamDelta(
+                token_ids=[], text="", finish_reason=FinishReason.ERROR, error=message,
+                error_code=code, num_output_tokens=len(self.output_token_ids),
+            )
+        )
+
+    def end_aborted(self) -> None:
+        if self.finished:
+            return
+        self.finish_reason = FinishReason.ABORT
+        self.queue.put_nowait(
+            StreamDelta(
+                token_ids=[], text=self.detokenizer.take_delta(True),
+                finish_reason=FinishReason.ABORT,
+                num_output_tokens=len(self.output_token_ids),
+            )
+        )

@@ -1,0 +1,158 @@
+"""gRPC adapter for workers: registration, the Step/StepResult exchange, liveness."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+
+import grpc
+
+from common.convert import HandleTable, decode_step_result, encode_step
+from common.logging import get_logger
+from common.pb import worker_link_pb2 as pb
+from common.pb import worker_link_pb2_grpc as pb_grpc
+from scheduler_svc.core import SchedulerOutput
+from scheduler_svc.engine import (
+    ServingEngine,
+    StepReply,
+    WorkerLost,
+    WorkerRegistration,
+    WorkerSession,
+)
+
+log = get_logger("splitserve.worker_link")
+REGISTER_TIMEOUT_S = 30.0
+
+
+class GrpcWorkerTransport:
+    """One worker's stream: write a Step, wait for its StepResult; watch for silence."""
+
+    def __init__(self, context: grpc.aio.ServicerContext, timeout_s: float) -> None:
+        self.context = context
+        self.timeout_s = timeout_s
+        self.handles = HandleTable()
+        self.last_heard = time.monotonic()
+        self.pending: tuple[int, asyncio.Future] | None = None
+        self.session: WorkerSession | None = None
+        self.lost_reason = ""
+
+    async def execute(self, out: SchedulerOutput) -> StepReply:
+        if self.lost_reason:
+            raise WorkerLost(self.lost_reason)
+        step = encode_step(out, self.handles)
+        future = asyncio.get_running_loop().create_future()
+        self.pending = (step.step_id, future)
+        try:
+            await self.context.write(pb.SchedulerMessage(step=step))
+        except Exception as exc:  # the stream is gone
+            self.lose(f"write failed: {exc}")
+        result: pb.StepResult = await future
+        if result.error:
+            raise WorkerLost(f"worker failed a step: {result.error}")
+        try:
+            sampled, logprobs = decode_step_result(result, self.handles)
+        except ValueError as exc:
+            raise WorkerLost(f"worker answered a step wrongly: {exc}") from exc
+        expected = out.num_scheduled_tokens.keys()
+        if sampled.keys() != expected:
+            raise WorkerLost(
+                f"worker answered for {len(sampled)} requests, {len(expected)} were scheduled"
+            )
+        return StepReply(sampled, logprobs, result.forward_time_s, result.step_time_s)
+
+    def lose(self, reason: str) -> None:
+        if not self.lost_reason:
+            self.lost_reason = reason
+        if self.pending is not None and not self.pending[1].done():
+            self.pending[1].set_exception(WorkerLost(reason))
+        if self.session is not None:
+            self.session.mark_lost(reason)
+
+    async def read_loop(self) -> None:
+        try:
+            while True:
+                msg = await self.context.read()
+                if msg is grpc.aio.EOF:
+                    break
+                self.last_heard = time.monotonic()
+                if msg.WhichOneof("msg") == "step_result":
+                    pending = self.pending
+                    if pending and pending[0] == msg.step_result.step_id and not pending[1].done():
+                        pending[1].set_result(msg.step_result)
+                    else:
+                        self.lose(f"unexpected step result {msg.step_result.step_id}")
+                        return
+        except Exception as exc:  # noqa: BLE001 - any stream failure means the worker is gone
+            self.lose(f"stream error: {exc}")
+            return
+        self.lose("worker closed its stream")
+
+    async def watchdog(self) -> None:
+        while not self.lost_reason:
+            await asyncio.sleep(min(1.0, self.timeout_s / 4))
+            silent = time.monotonic() - self.last_heard
+            if silent > self.timeout_s:
+                self.lose(f"no answer or heartbeat for {silent:.1f} s")
+
+
+def check_registration(reg: pb.Register, model_name: str, secret: str) -> tuple[grpc.StatusCode, str] | None:
+    if secret and not hmac.compare_digest(reg.secret.encode(), secret.encode()):
+        return grpc.StatusCode.UNAUTHENTICATED, "wrong worker secret"
+    if reg.model and reg.model != model_name:
+        return (grpc.StatusCode.INVALID_ARGUMENT,
+                f"worker serves model {reg.model!r} but this scheduler serves {model_name!r}")
+    if reg.block_size < 1 or reg.block_size > 1024:
+        return grpc.StatusCode.INVALID_ARGUMENT, f"impossible block size {reg.block_size}"
+    if reg.num_device_blocks < 1:
+        return grpc.StatusCode.INVALID_ARGUMENT, "worker registered with no KV cache blocks"
+    if reg.num_device_blocks > 50_000_000 or reg.num_host_blocks > 50_000_000:
+        return grpc.StatusCode.INVALID_ARGUMENT, "worker registered an impossible block count"
+    if reg.max_model_len < 2:
+        return grpc.StatusCode.INVALID_ARGUMENT, f"impossible max_model_len {reg.max_model_len}"
+    return None
+
+
+class WorkerLinkService(pb_grpc.WorkerLinkServicer):
+    def __init__(self, engine: ServingEngine) -> None:
+        self.engine = engine
+        self._counter = 0
+
+    async def Connect(self, request_iterator, context: grpc.aio.ServicerContext):  # noqa: N802
+        try:
+            first = await asyncio.wait_for(context.read(), REGISTER_TIMEOUT_S)
+        except TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no Register message in time")
+        if first is grpc.aio.EOF or first.WhichOneof("msg") != "register":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "the first message on a worker link must be Register")
+        reg = first.register
+        problem = check_registration(reg, self.engine.model_name, self.engine.config.worker_secret)
+        if problem is not None:
+            log.warning("worker_refused", reason=problem[1], peer=context.peer())
+            await context.abort(*problem)
+        self._counter += 1
+        worker_id = reg.worker_id or f"worker-{self._counter}"
+        transport = GrpcWorkerTransport(context, self.engine.config.worker_timeout)
+        registration = WorkerRegistration(
+            worker_id=worker_id,
+            model=reg.model,
+            block_size=reg.block_size,
+            num_device_blocks=reg.num_device_blocks,
+            num_host_blocks=reg.num_host_blocks,
+            max_model_len=reg.max_model_len,
+            address=context.peer(),
+        )
+        await context.write(pb.SchedulerMessage(register_ack=pb.RegisterAck(
+            worker_id=worker_id,
+            max_model_len=min(reg.max_model_len, self.engine.config.max_model_len),
+        )))
+        session = self.engine.attach(registration, transport)
+        transport.session = session
+        tasks = [asyncio.create_task(transport.read_loop()), asyncio.create_task(transport.watchdog())]
+        try:
+            await self.engine.run_worker(session)
+        finally:
+            for task in tasks:
+                task.cancel()
+            self.engine.detach(session, session.lost_reason or transport.lost_reason or "link closed")

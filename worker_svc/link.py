@@ -1,0 +1,151 @@
+"""The worker's side of the WorkerLink: dial, register, execute steps, reconnect on loss."""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from common.convert import decode_step, encode_step_result
+from common.logging import get_logger
+from common.pb import worker_link_pb2 as pb
+from common.pb import worker_link_pb2_grpc as pb_grpc
+
+log = get_logger("splitserve.worker")
+
+
+def _opt(default, help_text: str, **meta):
+    return field(default=default, metadata={"help": help_text, **meta})
+
+
+@dataclass(slots=True)
+class WorkerLinkConfig:
+    scheduler: str = _opt("localhost:50052", "scheduler's worker-link address HOST:PORT")
+    worker_id: str = _opt("", "this worker's id (default: host-pid)")
+    worker_secret: str = _opt("", "shared secret the scheduler expects")
+    heartbeat_interval: float = _opt(2.0, "seconds between heartbeats")
+    reconnect_max_backoff: float = _opt(10.0, "longest wait between reconnect attempts")
+    max_message_bytes: int = _opt(64 * 1024 * 1024, "largest gRPC message accepted")
+    log_level: str = _opt("info", "log level")
+    log_json: bool = _opt(True, "JSON log lines")
+
+
+class WorkerLinkClient:
+    """Holds one stream to the scheduler at a time; runs `runner.execute_model` per Step."""
+
+    def __init__(self, cfg: WorkerLinkConfig, runner) -> None:
+        self.cfg = cfg
+        self.runner = runner
+        self.worker_id = cfg.worker_id
+        self.stopping = threading.Event()
+        self._call = None
+        self.num_steps = 0
+
+    def registration(self) -> pb.Register:
+        r = self.runner
+        eos = r.eos_token_id
+        return pb.Register(
+            worker_id=self.worker_id,
+            model=r.model_name,
+            block_size=r.block_size,
+            num_device_blocks=r.num_blocks,
+            num_host_blocks=r.num_host_blocks,
+            max_model_len=r.max_model_len,
+            vocab_size=r.vocab_size,
+            eos_token_id=-1 if eos is None else eos,
+            secret=self.cfg.worker_secret,
+            device=str(getattr(r, "device", "")),
+            dtype=str(getattr(r, "dtype", "")),
+        )
+
+    def stop(self) -> None:
+        self.stopping.set()
+        call = self._call
+        if call is not None:
+            call.cancel()
+
+    def run_forever(self) -> None:
+        backoff = 0.25
+        while not self.stopping.is_set():
+            attached = self._run_session()
+            if self.stopping.is_set():
+                break
+            self.runner.reset()
+            if attached:
+                backoff = 0.25
+            wait = min(self.cfg.reconnect_max_backoff, backoff) * (0.75 + random.random() / 2)
+            log.info("reconnecting", scheduler=self.cfg.scheduler, wait_s=round(wait, 2))
+            self.stopping.wait(wait)
+            backoff = min(self.cfg.reconnect_max_backoff, backoff * 2)
+
+    def _run_session(self) -> bool:
+        """One connection. Returns whether it got as far as being registered."""
+        outbox: queue.Queue = queue.Queue()
+        outbox.put(pb.WorkerMessage(register=self.registration()))
+        done = threading.Event()
+
+        def requests():
+            while True:
+                msg = outbox.get()
+                if msg is None:
+                    return
+                yield msg
+
+        def heartbeats():
+            while not done.wait(self.cfg.heartbeat_interval):
+                outbox.put(pb.WorkerMessage(heartbeat=pb.Heartbeat(time=time.time())))
+
+        options = [
+            ("grpc.max_receive_message_length", self.cfg.max_message_bytes),
+            ("grpc.max_send_message_length", self.cfg.max_message_bytes),
+            ("grpc.keepalive_time_ms", 10_000),
+        ]
+        attached = False
+        with grpc.insecure_channel(self.cfg.scheduler, options=options) as channel:
+            stub = pb_grpc.WorkerLinkStub(channel)
+            self._call = call = stub.Connect(requests())
+            threading.Thread(target=heartbeats, daemon=True).start()
+            try:
+                for msg in call:
+                    kind = msg.WhichOneof("msg")
+                    if kind == "register_ack":
+                        attached = True
+                        self.worker_id = msg.register_ack.worker_id
+                        log.info("registered", worker_id=self.worker_id,
+                                 scheduler=self.cfg.scheduler)
+                    elif kind == "step":
+                        outbox.put(pb.WorkerMessage(step_result=self._execute(msg.step)))
+            except grpc.RpcError as exc:
+                if not self.stopping.is_set():
+                    log.warning("link_lost", code=str(exc.code()), detail=exc.details())
+            finally:
+                done.set()
+                outbox.put(None)
+                self._call = None
+        return attached
+
+    def _execute(self, step: pb.Step) -> pb.StepResult:
+        started = time.perf_counter()
+        out = decode_step(step)
+        try:
+            result = self.runner.execute_model(out)
+        except Exception as exc:  # report, and let the scheduler decide
+            log.exception("step_failed", step_id=step.step_id)
+            return pb.StepResult(step_id=step.step_id, error=f"{type(exc).__name__}: {exc}")
+        self.num_steps += 1
+        return encode_step_result(
+            step.step_id,
+            result.sampled_token_ids,
+            _logprobs(result),
+            forward_time_s=result.forward_time_s,
+            sample_time_s=result.sample_time_s,
+            step_time_s=time.perf_counter() - started,
+        )
+
+
+def _logprobs(result):
+    return getattr(result, "logprobs", None) or None

@@ -1,0 +1,35 @@
+"""Start a worker: load the model, size the KV cache, dial the scheduler, serve steps."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+
+from common.logging import configure_logging, get_logger
+from worker_svc.link import WorkerLinkClient, WorkerLinkConfig
+
+log = get_logger("splitserve.worker")
+
+
+def main(link_cfg: WorkerLinkConfig, runner_cfg) -> int:
+    configure_logging(link_cfg.log_level, link_cfg.log_json)
+    from worker_svc.model_runner import ModelRunner
+
+    if not link_cfg.worker_id:
+        link_cfg.worker_id = f"{socket.gethostname()}-{os.getpid()}"
+    runner = ModelRunner(runner_cfg)
+    log.info("worker_ready", worker_id=link_cfg.worker_id, model=runner.model_name,
+             num_blocks=runner.num_blocks, block_size=runner.block_size,
+             max_model_len=runner.max_model_len)
+    client = WorkerLinkClient(link_cfg, runner)
+
+    def on_signal(signum, frame) -> None:
+        log.info("worker_stopping", signal=signal.Signals(signum).name)
+        client.stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    client.run_forever()
+    log.info("worker_stopped", worker_id=client.worker_id, steps=client.num_steps)
+    return 0
