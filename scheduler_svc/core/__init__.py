@@ -1,20 +1,65 @@
 """The scheduler core: pure Python, no gRPC, no torch."""
 
+from scheduler_svc.core.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock, hash_block_tokens
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.errors import RequestRejected, SchedulerConfigError
+from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.outputs import (
     CachedRequestData,
     NewRequestData,
     RequestOutput,
     SchedulerOutput,
 )
+from scheduler_svc.core.policy import (
+    FCFSPolicy,
+    PriorityPolicy,
+    SchedulingPolicy,
+    available_policies,
+    create_policy,
+    register_policy,
+    unregister_policy,
+)
 from scheduler_svc.core.request import FinishReason, Request, RequestStatus, SamplingParams
+from scheduler_svc.core.request_queue import (
+    FIFORequestQueue,
+    KeyedRequestQueue,
+    RequestQueue,
+    create_request_queue,
+)
+from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.core.stats import SchedulerStats
+from scheduler_svc.core.validation import validate_request, validate_sampling_params
 
 __all__ = [
+    "BlockPool",
     "CachedRequestData",
+    "FCFSPolicy",
+    "FIFORequestQueue",
     "FinishReason",
+    "FreeBlockQueue",
+    "KVCacheBlock",
+    "KVCacheManager",
+    "KeyedRequestQueue",
     "NewRequestData",
+    "PriorityPolicy",
     "Request",
     "RequestOutput",
+    "RequestQueue",
+    "RequestRejected",
     "RequestStatus",
     "SamplingParams",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerConfigError",
     "SchedulerOutput",
+    "SchedulerStats",
+    "SchedulingPolicy",
+    "available_policies",
+    "create_policy",
+    "create_request_queue",
+    "hash_block_tokens",
+    "register_policy",
+    "unregister_policy",
+    "validate_request",
+    "validate_sampling_params",
 ]

@@ -67,6 +67,11 @@ class Request:
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
+    # scheduler bookkeeping (added with the scheduler core; callers leave these alone)
+    max_computed_tokens: int = 0  # high-water mark of computed tokens (recompute accounting)
+    admitted_step: int = -1  # step in which it was last admitted (stale-output detection)
+    block_hashes: list[bytes] = field(default_factory=list)  # prefix-cache hashes, full blocks
+    block_hashes_block_size: int = 0  # the block size block_hashes were computed for
 
     def __post_init__(self) -> None:
         if self.arrival_time is None:

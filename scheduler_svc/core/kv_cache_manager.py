@@ -1,0 +1,161 @@
+"""Per-request KV block tables on top of the BlockPool: prefix lookup, allocation, caching, free.
+
+Token positions [i * block_size, (i + 1) * block_size) of a request live in its i-th block. A
+block is registered in the prefix cache once it is FULL and its KV is COMPUTED (the step that
+computed it came back), under the chained hash of its tokens; a later request with the same
+prefix reuses it. A prefix hit is capped so that the last known token is always computed (the
+model must run on at least one token to sample the next).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from scheduler_svc.core.block_pool import BlockHash, BlockPool, KVCacheBlock, hash_block_tokens
+from scheduler_svc.core.request import Request
+
+_NO_BLOCKS: tuple[KVCacheBlock, ...] = ()
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.block_size = block_size
+        self.enable_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.req_blocks: dict[str, list[KVCacheBlock]] = {}
+        self._num_cached_blocks: dict[str, int] = {}  # leading blocks registered in the cache
+
+    # -- queries ----------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_blocks.get(request_id, ())]
+
+    def num_blocks_of(self, request_id: str) -> int:
+        return len(self.req_blocks.get(request_id, ()))
+
+    # -- prefix cache -----------------------------------------------------------------------
+    def block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
+        """The chained hashes of the request's first ``num_blocks`` full blocks (memoised on
+        the request; tokens at known positions never change)."""
+        bs = self.block_size
+        hashes = request.block_hashes
+        if request.block_hashes_block_size != bs:
+            hashes.clear()
+            request.block_hashes_block_size = bs
+        if len(hashes) < num_blocks:
+            prompt, output = request.prompt_token_ids, request.output_token_ids
+            num_prompt = len(prompt)
+            parent = hashes[-1] if hashes else None
+            for i in range(len(hashes), num_blocks):
+                start, end = i * bs, (i + 1) * bs
+                if end <= num_prompt:
+                    tokens = prompt[start:end]
+                elif start >= num_prompt:
+                    tokens = output[start - num_prompt : end - num_prompt]
+                else:
+                    tokens = prompt[start:] + output[: end - num_prompt]
+                parent = hash_block_tokens(parent, tokens)
+                hashes.append(parent)
+        return hashes
+
+    def find_cached_prefix(self, request: Request) -> list[KVCacheBlock]:
+        """Cached blocks holding the request's longest prefix of full blocks, at most
+        (num_tokens - 1) // block_size of them. Touches nothing."""
+        if not self.enable_caching:
+            return []
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVCacheBlock] = []
+        if max_blocks <= 0:
+            return hits
+        lookup = self.pool.cached.get
+        hashes = request.block_hashes if request.block_hashes_block_size == self.block_size else []
+        for i in range(max_blocks):
+            if i >= len(hashes):
+                hashes = self.block_hashes(request, min(max_blocks, i + 8))
+            block = lookup(hashes[i])
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Register the request's full blocks whose KV is computed (num_computed_tokens)."""
+        if not self.enable_caching:
+            return
+        rid = request.request_id
+        blocks = self.req_blocks.get(rid)
+        if not blocks:
+            return
+        num_full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
+        num_full = min(num_full, len(blocks))
+        start = self._num_cached_blocks.get(rid, 0)
+        if num_full <= start:
+            return
+        hashes = self.block_hashes(request, num_full)
+        cache_block = self.pool.cache_block
+        for i in range(start, num_full):
+            cache_block(blocks[i], hashes[i])
+        self._num_cached_blocks[rid] = num_full
+
+    # -- allocation -------------------------------------------------------------------------
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock] = _NO_BLOCKS,
+        reserve_blocks: int = 0,
+    ) -> Sequence[KVCacheBlock] | None:
+        """Make room for ``num_new_tokens`` more tokens after the request's computed ones
+        (plus ``new_computed_blocks``, a prefix hit at admission). Returns the newly allocated
+        blocks (often empty), or None, changing nothing, when the pool cannot provide them while
+        keeping ``reserve_blocks`` free."""
+        bs = self.block_size
+        rid = request.request_id
+        blocks = self.req_blocks.get(rid)
+        have = len(blocks) if blocks is not None else 0
+        num_hit = len(new_computed_blocks)
+        need_tokens = request.num_computed_tokens + num_hit * bs + num_new_tokens
+        num_new = -(-need_tokens // bs) - have - num_hit
+        if num_new <= 0 and not num_hit:
+            if blocks is None:
+                self.req_blocks[rid] = []
+            return _NO_BLOCKS
+        num_new = max(num_new, 0)
+        pool = self.pool
+        num_revived = 0
+        for block in new_computed_blocks:
+            if block.ref_cnt == 0:
+                num_revived += 1
+        if num_new + num_revived + reserve_blocks > pool.free_queue.num_free:
+            return None
+        if blocks is None:
+            blocks = self.req_blocks[rid] = []
+        if num_hit:
+            pool.touch(new_computed_blocks)
+            blocks.extend(new_computed_blocks)
+            if have == 0:
+                self._num_cached_blocks[rid] = num_hit
+        if not num_new:
+            return _NO_BLOCKS
+        new_blocks = pool.allocate(num_new)
+        blocks.extend(new_blocks)
+        return new_blocks
+
+    def free(self, request: Request) -> None:
+        """Give back all of the request's blocks, the tail of the sequence first (so it is
+        evicted first); full computed blocks stay in the prefix cache."""
+        rid = request.request_id
+        self._num_cached_blocks.pop(rid, None)
+        blocks = self.req_blocks.pop(rid, None)
+        if blocks:
+            self.pool.free(reversed(blocks))
+
+    def reset_prefix_cache(self) -> bool:
+        return self.pool.reset_prefix_cache()

@@ -1,0 +1,43 @@
+"""A snapshot of one Scheduler's counters and gauges (read by metrics and the dashboard)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_running: int = 0
+    num_waiting: int = 0  # length of the (possibly shared) waiting queue
+    num_preemptions: int = 0  # total since start
+    kv_usage: float = 0.0  # 1 - free/total, cached-but-free blocks counting as free
+    prefix_cache_queries: int = 0  # tokens looked up at admission
+    prefix_cache_hits: int = 0  # of which found in the cache
+    num_recomputed_tokens: int = 0  # computed again after a preemption (prefix hits excluded)
+    num_free_blocks: int = 0
+    num_used_blocks: int = 0
+    num_total_blocks: int = 0
+    num_cached_blocks: int = 0  # blocks registered in the prefix cache (used or free)
+    num_steps: int = 0  # schedule() calls
+    num_prefill_tokens: int = 0  # tokens scheduled as prefill (including recomputation)
+    num_decode_tokens: int = 0  # tokens scheduled as decode (one per request per step)
+    num_scheduled_tokens: int = 0  # prefill + decode
+    num_finished: int = 0  # finished by a stop condition or length
+    num_aborted: int = 0
+    num_swapped: int = 0  # swap is a later issue; always 0 for now
+    prefix_cache_hit_rate: float = 0.0  # hits / queries
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in _FIELD_NAMES:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def keys(self) -> list[str]:
+        return list(_FIELD_NAMES)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(SchedulerStats))
