@@ -119,7 +119,8 @@ class BlockPool:
 
     @property
     def usage(self) -> float:
-        return 1.0 - self.free_queue.num_free / self.num_blocks
+        """1 - free/total (cached-but-free blocks are free), computed as used/total."""
+        return (self.num_blocks - self.free_queue.num_free) / self.num_blocks
 
     def allocate(self, n: int) -> list[KVCacheBlock]:
         """Hand out n free blocks (head first), evicting their cached content."""

@@ -1,0 +1,237 @@
+"""Abort in every state, stop conditions, stale outputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler_svc.core import (
+    FinishReason,
+    Request,
+    RequestStatus,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+)
+
+
+def make(**kw) -> Scheduler:
+    base = dict(max_num_batched_tokens=16, max_num_seqs=8, block_size=4, num_blocks=32,
+                watermark=0.0, max_model_len=64)
+    base.update(kw)
+    return Scheduler(SchedulerConfig(**base))
+
+
+def req(rid, prompt, eos=None, arrival=0.0, **params) -> Request:
+    params.setdefault("max_tokens", 20)
+    return Request(rid, list(prompt), SamplingParams(**params), arrival_time=arrival,
+                   eos_token_id=eos)
+
+
+def run(s: Scheduler, tokens: dict[str, list[int]], max_steps: int = 100):
+    """Drive until idle; request rid samples tokens[rid] in order. Returns rid -> outputs."""
+    got: dict[str, list] = {}
+    for _ in range(max_steps):
+        if not s.has_unfinished_requests():
+            break
+        out = s.schedule()
+        sampled = {}
+        for rid in out.num_scheduled_tokens:
+            r = s.get_request(rid)
+            if r.num_computed_tokens == r.num_tokens:
+                sampled[rid] = [tokens[rid][len(r.output_token_ids)]]
+            else:
+                sampled[rid] = []
+        for o in s.update_from_output(out, sampled):
+            got.setdefault(o.request_id, []).append(o)
+    assert not s.has_unfinished_requests()
+    return got
+
+
+def final(outs):
+    toks = [t for o in outs for t in o.new_token_ids]
+    return toks, outs[-1].finish_reason, outs[-1].stop_reason
+
+
+# ---- stop conditions --------------------------------------------------------------------------
+
+
+def test_eos_stops_with_stop_reason_the_token():
+    s = make()
+    s.add_request(req("a", [1, 2], eos=2))
+    toks, reason, stop = final(run(s, {"a": [5, 6, 2, 7, 8]})["a"])
+    assert toks == [5, 6, 2] and reason is FinishReason.STOP and stop == 2
+
+
+def test_ignore_eos_continues_to_max_tokens():
+    s = make()
+    s.add_request(req("a", [1, 2], eos=2, ignore_eos=True, max_tokens=4))
+    toks, reason, stop = final(run(s, {"a": [5, 2, 2, 7, 8]})["a"])
+    assert toks == [5, 2, 2, 7] and reason is FinishReason.LENGTH and stop is None
+
+
+def test_stop_token_ids_stop_even_with_ignore_eos():
+    s = make()
+    s.add_request(req("a", [1], eos=2, ignore_eos=True, stop_token_ids=[9, 11]))
+    toks, reason, stop = final(run(s, {"a": [5, 2, 11, 4]})["a"])
+    assert toks == [5, 2, 11] and reason is FinishReason.STOP and stop == 11
+
+
+def test_min_tokens_defers_eos_and_stop_tokens():
+    s = make()
+    s.add_request(req("a", [1], eos=2, min_tokens=3, stop_token_ids=[9]))
+    toks, reason, _ = final(run(s, {"a": [2, 9, 2, 5]})["a"])
+    assert toks == [2, 9, 2] and reason is FinishReason.STOP  # 3rd output may stop
+
+
+def test_max_tokens_gives_length():
+    s = make()
+    s.add_request(req("a", [1, 2, 3], max_tokens=3))
+    outs = run(s, {"a": [4, 5, 6, 7]})["a"]
+    toks, reason, _ = final(outs)
+    assert toks == [4, 5, 6] and reason is FinishReason.LENGTH
+    assert [o.num_output_tokens for o in outs] == [1, 2, 3]
+
+
+def test_max_model_len_gives_length_when_tokens_reach_it():
+    s = make(max_model_len=8)
+    s.add_request(req("a", range(5), max_tokens=100))
+    toks, reason, _ = final(run(s, {"a": list(range(10, 30))})["a"])
+    assert len(toks) == 3 and reason is FinishReason.LENGTH  # 5 + 3 == 8
+
+
+def test_length_wins_over_eos_on_the_same_token():
+    s = make()
+    s.add_request(req("a", [1], eos=2, max_tokens=2))
+    toks, reason, _ = final(run(s, {"a": [5, 2]})["a"])
+    assert toks == [5, 2] and reason is FinishReason.LENGTH
+
+
+def test_finished_blocks_freed_but_full_ones_stay_cached():
+    s = make()
+    s.add_request(req("a", range(9), max_tokens=2))
+    run(s, {"a": [1, 2]})
+    st = s.stats()
+    assert st.kv_usage == 0.0 and st.num_free_blocks == 32
+    assert st.num_cached_blocks == 2  # positions 0..7 (9 prompt + 1 output - 1 uncomputed)
+
+
+def test_multiple_tokens_in_one_step_are_appended_until_a_stop():
+    s = make()
+    s.add_request(req("a", [1], eos=2))
+    out = s.schedule()
+    (o,) = s.update_from_output(out, {"a": [5, 6, 2, 8]})
+    assert o.new_token_ids == [5, 6, 2] and o.finish_reason is FinishReason.STOP
+
+
+# ---- abort ------------------------------------------------------------------------------------
+
+
+def test_abort_waiting_request():
+    s = make()
+    s.add_request(req("a", [1, 2]))
+    assert s.abort_request("a")
+    assert not s.has_unfinished_requests()
+    out = s.schedule()
+    assert out.finished_req_ids == {"a"} and out.num_scheduled_tokens == {}
+    assert s.stats().num_aborted == 1
+    assert not s.abort_request("a")  # gone
+
+
+def test_abort_mid_prefill_frees_blocks():
+    s = make(max_num_batched_tokens=4)
+    r = req("a", range(10))
+    s.add_request(r)
+    out = s.schedule()
+    s.update_from_output(out, {"a": []})
+    assert s.stats().num_free_blocks == 31
+    assert s.abort_request("a")
+    assert r.status is RequestStatus.FINISHED and r.finish_reason is FinishReason.ABORT
+    assert s.stats().num_free_blocks == 32 and s.stats().kv_usage == 0.0
+    assert s.schedule().finished_req_ids == {"a"}
+
+
+def test_abort_decoding_request_between_schedule_and_update_ignores_its_output():
+    s = make()
+    s.add_request(req("a", [1, 2, 3]))
+    s.add_request(req("b", [4, 5, 6]))
+    out = s.schedule()
+    s.update_from_output(out, {"a": [7], "b": [8]})
+    out = s.schedule()
+    assert s.abort_request("a")
+    outs = s.update_from_output(out, {"a": [9], "b": [10]})  # a's token arrives late
+    assert [o.request_id for o in outs] == ["b"]
+    assert s.stats().num_free_blocks == 31  # only b's block remains
+    assert [r.request_id for r in s.running] == ["b"]
+    assert s.schedule().finished_req_ids == {"a"}
+
+
+def test_abort_preempted_request_waiting_again():
+    s = make(num_blocks=4, enable_prefix_caching=False, max_num_batched_tokens=64)
+    s.add_request(req("r1", range(7), arrival=1))
+    s.add_request(req("r2", range(100, 107), arrival=2))
+    for _ in range(3):
+        out = s.schedule()
+        s.update_from_output(out, {rid: [1] for rid in out.num_scheduled_tokens})
+    assert out.preempted_req_ids == {"r2"}
+    r2 = s.get_request("r2")
+    assert r2.status is RequestStatus.PREEMPTED
+    assert s.abort_request("r2")
+    assert len(s.waiting) == 0
+    assert s.schedule().finished_req_ids == {"r2"}  # the worker still held its state
+    s.abort_request("r1")
+    assert s.stats().num_free_blocks == 4
+
+
+def test_abort_finished_request_returns_false():
+    s = make()
+    s.add_request(req("a", [1], max_tokens=1))
+    out = s.schedule()
+    s.update_from_output(out, {"a": [3]})
+    assert not s.abort_request("a")
+    assert not s.abort_request("never-seen")
+
+
+def test_request_id_can_be_reused_after_it_finished():
+    s = make()
+    s.add_request(req("a", [1], max_tokens=1))
+    out = s.schedule()
+    s.update_from_output(out, {"a": [3]})
+    s.add_request(req("a", [2], max_tokens=1))
+    out = s.schedule()
+    # the old one is reported finished; the new one waits one step so the worker never sees
+    # one id both finished and new in one diff
+    assert out.finished_req_ids == {"a"} and out.new_requests == []
+    out = s.schedule()
+    assert [n.request_id for n in out.new_requests] == ["a"]
+
+
+def test_stale_output_of_a_preempted_then_readmitted_request_is_ignored():
+    s = make(num_blocks=4, enable_prefix_caching=False, max_num_batched_tokens=64)
+    s.add_request(req("r1", range(7), arrival=1))
+    s.add_request(req("r2", range(100, 107), arrival=2))
+    outs = []
+    for _ in range(2):
+        out = s.schedule()
+        s.update_from_output(out, {rid: [1] for rid in out.num_scheduled_tokens})
+        outs.append(out)
+    old = outs[-1]  # r2 was scheduled in it
+    out = s.schedule()
+    assert out.preempted_req_ids == {"r2"}
+    s.update_from_output(out, {"r1": [1]})
+    s.abort_request("r1")
+    out = s.schedule()  # r2 readmitted (resumed)
+    assert out.cached_requests[0].resumed
+    n_out = len(s.get_request("r2").output_token_ids)
+    assert s.update_from_output(old, {"r2": [99]}) == []  # from before the preemption
+    assert len(s.get_request("r2").output_token_ids) == n_out
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_abort_from_middle_of_waiting_queue_keeps_order(policy):
+    s = make(policy=policy, max_num_seqs=1)
+    for i in range(6):
+        s.add_request(req(f"r{i}", [i + 1], arrival=float(i)))
+    assert s.abort_request("r3") and s.abort_request("r0")
+    assert [r.request_id for r in s.waiting] == ["r1", "r2", "r4", "r5"]
+    out = s.schedule()
+    assert list(out.num_scheduled_tokens) == ["r1"]
