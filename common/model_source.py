@@ -117,6 +117,7 @@ def write_atomically(target: Path, build: Callable[[Path], None]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         build(tmp)
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide a shared cache from other users
         try:
             os.rename(tmp, target)
         except OSError:

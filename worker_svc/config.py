@@ -1,0 +1,54 @@
+"""Configuration of the model runner (the worker's core): model, placement, KV cache, limits.
+
+Field metadata `help` / `choices` feed the CLI flags and SPLITSERVE_* variables (common.settings).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+GiB = 1 << 30
+
+
+def _opt(default, help: str, **meta):  # noqa: A002 - mirrors argparse's keyword
+    return field(default=default, metadata={"help": help, **meta})
+
+
+@dataclass(slots=True)
+class ModelRunnerConfig:
+    model: str | None = _opt(
+        None, "local HF directory, .gguf file, or empty for SmolLM2-135M-Instruct"
+    )
+    dtype: str = _opt(
+        "auto",
+        "weights and KV cache dtype; auto: float32 on CPU, bfloat16 on CUDA",
+        choices=("auto", "float32", "bfloat16", "float16"),
+    )
+    device: str = _opt("auto", "auto (cuda when available), cpu, cuda, cuda:N")
+    block_size: int = _opt(16, "tokens per KV cache block")
+    num_gpu_blocks: int | None = _opt(None, "device KV blocks (overrides kv_cache_memory)")
+    kv_cache_memory: int | None = _opt(
+        None, "bytes for the device KV cache; default 1 GiB on CPU, half the free CUDA memory"
+    )
+    num_host_blocks: int = _opt(0, "host KV blocks for swapped-out requests (overrides swap_space)")
+    swap_space: int = _opt(0, "bytes of host memory for swapped-out KV blocks")
+    max_model_len: int | None = _opt(None, "longest sequence; default the model's own limit")
+    max_num_seqs: int = _opt(256, "most requests in one step (rows of the persistent batch)")
+    max_num_batched_tokens: int = _opt(8192, "most tokens in one forward pass")
+    seed: int = _opt(0, "seed of the generator for requests without their own seed")
+    num_threads: int | None = _opt(None, "torch CPU threads; default torch's choice")
+    decode_group_size: int = _opt(8, "decode rows per attention call, by context length")
+    max_logprobs: int = _opt(20, "most top-n logprobs a request may ask for")
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "decode_group_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks <= 0:
+            raise ValueError(f"num_gpu_blocks must be positive, got {self.num_gpu_blocks}")
+        if self.num_host_blocks < 0 or self.swap_space < 0:
+            raise ValueError("num_host_blocks and swap_space must not be negative")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"unknown dtype {self.dtype!r}")
