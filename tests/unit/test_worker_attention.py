@@ -1,0 +1,86 @@
+"""Paged attention equals plain causal attention per request, for a mixed packed batch."""
+
+from __future__ import annotations
+
+import math
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from worker_svc.attention import METADATA_KWARG, build_metadata, paged_attention_forward  # noqa: E402
+
+H, KVH, D, BS, NUM_BLOCKS = 4, 2, 8, 4, 64
+
+
+def reference(q, k, v, offset):
+    """q [n, H, D] at positions offset.., k/v [offset + n, KVH, D]: causal GQA attention."""
+    k = k.repeat_interleave(H // KVH, dim=1)
+    v = v.repeat_interleave(H // KVH, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(D)
+    n, total = q.shape[0], k.shape[0]
+    allowed = torch.arange(total)[None, :] <= (offset + torch.arange(n))[:, None]
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+@pytest.mark.parametrize("group_size", [1, 2, 8])
+def test_mixed_batch_matches_reference(group_size):
+    rng = random.Random(0)
+    gen = torch.Generator().manual_seed(0)
+    # (tokens already cached, tokens this step): decodes of various lengths, fresh and
+    # offset prefill chunks, and a one-token prompt
+    reqs = [(5, 1), (12, 1), (0, 1), (3, 1), (16, 1), (0, 7), (6, 5), (8, 4)]
+    key_cache = torch.zeros(NUM_BLOCKS, BS, KVH, D)
+    value_cache = torch.zeros(NUM_BLOCKS, BS, KVH, D)
+    free = list(range(NUM_BLOCKS))
+    rng.shuffle(free)
+    data = []
+    for c, n in reqs:
+        total = c + n
+        blocks = [free.pop() for _ in range(-(-total // BS))]
+        k = torch.randn(total, KVH, D, generator=gen)
+        v = torch.randn(total, KVH, D, generator=gen)
+        q = torch.randn(n, H, D, generator=gen)
+        for pos in range(c):  # the context is already in the cache
+            key_cache[blocks[pos // BS], pos % BS] = k[pos]
+            value_cache[blocks[pos // BS], pos % BS] = v[pos]
+        data.append(SimpleNamespace(c=c, n=n, blocks=blocks, k=k, v=v, q=q))
+    decodes = sorted((d for d in data if d.n == 1), key=lambda d: d.c)
+    packed = decodes + [d for d in data if d.n != 1]
+    width = max(len(d.blocks) for d in packed)
+    table = np.zeros((len(packed), width), dtype=np.int64)
+    slots = []
+    for i, d in enumerate(packed):
+        table[i, : len(d.blocks)] = d.blocks
+        slots += [d.blocks[p // BS] * BS + p % BS for p in range(d.c, d.c + d.n)]
+    meta = build_metadata(
+        key_caches=[key_cache],
+        value_caches=[value_cache],
+        block_size=BS,
+        block_table=table,
+        num_computed=np.array([d.c for d in packed]),
+        num_scheduled=np.array([d.n for d in packed]),
+        num_decodes=len(decodes),
+        decode_group_size=group_size,
+        slot_mapping=torch.tensor(slots),
+        device=torch.device("cpu"),
+    )
+    query = torch.cat([d.q for d in packed]).transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
+    key = torch.cat([d.k[d.c :] for d in packed]).transpose(0, 1).unsqueeze(0)
+    value = torch.cat([d.v[d.c :] for d in packed]).transpose(0, 1).unsqueeze(0)
+    out, _ = paged_attention_forward(
+        SimpleNamespace(layer_idx=0), query, key, value, None, D**-0.5, **{METADATA_KWARG: meta}
+    )
+    assert out.shape == (1, sum(d.n for d in packed), H, D)
+    start = 0
+    for d in packed:
+        want = reference(d.q, d.k, d.v, d.c)
+        torch.testing.assert_close(out[0, start : start + d.n], want, atol=1e-5, rtol=1e-4)
+        start += d.n
+        for pos in range(d.c + d.n):  # every token's K/V now sits in its slot
+            torch.testing.assert_close(key_cache[d.blocks[pos // BS], pos % BS], d.k[pos])
+            torch.testing.assert_close(value_cache[d.blocks[pos // BS], pos % BS], d.v[pos])

@@ -1,0 +1,297 @@
+"""The worker's core: apply a SchedulerOutput diff, run one forward pass, sample. No gRPC.
+
+    runner = ModelRunner(ModelRunnerConfig(model=None))
+    out = runner.execute_model(scheduler_output)   # out.sampled_token_ids[req_id] -> [token] or []
+
+Each step packs every scheduled token of every request into one sequence (`input_ids` [1, T],
+explicit `position_ids`): decodes first, sorted by context length (attention groups them), then
+prefill chunks. The stock Hugging Face model runs on it with the paged attention function
+(worker_svc.attention) and `logits_to_keep` = the last token of each request that samples.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from common.model_source import resolve_model
+from scheduler_svc.core.outputs import SchedulerOutput
+from worker_svc import attention
+from worker_svc.config import GiB, ModelRunnerConfig
+from worker_svc.input_batch import InputBatch
+from worker_svc.kv_cache import KVCache, bytes_per_block
+from worker_svc.model_loader import load_model, resolve_device, resolve_dtype
+from worker_svc.sampler import Sampler, TokenLogprobs
+
+log = logging.getLogger("splitserve.worker.model_runner")
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    # every scheduled request: [the sampled token], or [] when its step was a partial prefill
+    sampled_token_ids: dict[str, list[int]]
+    # requests that asked for logprobs: one entry per sampled token; None when none asked
+    logprobs: dict[str, list[TokenLogprobs]] | None = None
+    forward_time_s: float = 0.0
+    sample_time_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _StepInputs:
+    req_ids: list[str]  # packed order
+    rows: np.ndarray  # batch rows, packed order
+    num_scheduled: np.ndarray
+    sample_mask: np.ndarray  # per packed request: does it sample this step
+    input_ids: torch.Tensor  # [1, T]
+    position_ids: torch.Tensor  # [1, T]
+    logits_index: torch.Tensor  # [S] packed index of each sampling request's last token
+    meta: attention.AttentionMetadata
+
+
+class ModelRunner:
+    def __init__(self, config: ModelRunnerConfig) -> None:
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.source = resolve_model(config.model)
+        started = time.perf_counter()
+        self.model = load_model(self.source, self.dtype, self.device, attention.register())
+        self.load_time_s = time.perf_counter() - started
+        mc = self.model.config.get_text_config()
+        self._vocab_size = int(mc.vocab_size)
+        num_layers = int(mc.num_hidden_layers)
+        kv_heads = int(getattr(mc, "num_key_value_heads", None) or mc.num_attention_heads)
+        head_dim = int(getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads)
+        self._max_model_len = self._resolve_max_model_len(mc)
+        self._eos_token_id = self._resolve_eos()
+
+        per_block = bytes_per_block(num_layers, config.block_size, kv_heads, head_dim, self.dtype)
+        num_blocks = config.num_gpu_blocks or self._kv_budget() // per_block
+        num_host = config.num_host_blocks or config.swap_space // per_block
+        self.kv_cache = KVCache(
+            num_layers=num_layers,
+            num_blocks=num_blocks,
+            block_size=config.block_size,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            dtype=self.dtype,
+            device=self.device,
+            num_host_blocks=num_host,
+        )
+        self.batch = InputBatch(
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=self._max_model_len,
+            max_blocks_per_seq=-(-self._max_model_len // config.block_size),
+            num_kv_blocks=num_blocks,
+            vocab_size=self._vocab_size,
+            device=self.device,
+            max_logprobs=config.max_logprobs,
+        )
+        generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.sampler = Sampler(generator)
+        log.info(
+            "model %s loaded in %.1f s on %s/%s: %d KV blocks of %d, %d host blocks",
+            self.source.name, self.load_time_s, self.device, self.dtype, num_blocks,
+            config.block_size, num_host,
+        )  # fmt: skip
+
+    # --- what the scheduler needs to know ---
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_cache.num_blocks
+
+    @property
+    def num_host_blocks(self) -> int:
+        return self.kv_cache.num_host_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def model_name(self) -> str:
+        return self.source.name
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._eos_token_id
+
+    # --- the step ---
+
+    def reset(self) -> None:
+        """Forget every request (the scheduler reconnected and starts from scratch)."""
+        self.batch.clear()
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        so = scheduler_output
+        self._update_states(so)
+        self.kv_cache.swap_out(so.blocks_to_swap_out)
+        self.kv_cache.swap_in(so.blocks_to_swap_in)
+        if not so.num_scheduled_tokens:
+            return ModelRunnerOutput({})
+        started = time.perf_counter()
+        inputs = self._prepare_inputs(so)
+        with torch.inference_mode():
+            logits = self.model(
+                input_ids=inputs.input_ids,
+                position_ids=inputs.position_ids,
+                use_cache=False,
+                logits_to_keep=inputs.logits_index,
+                **{attention.METADATA_KWARG: inputs.meta},
+            ).logits[0]
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            forwarded = time.perf_counter()
+            sample_rows = inputs.rows[inputs.sample_mask]
+            sampled = self.sampler(logits, self.batch.sampling_metadata(sample_rows))
+            tokens = sampled.token_ids.tolist()
+        done = time.perf_counter()
+
+        self.batch.num_computed[inputs.rows] += inputs.num_scheduled
+        self.batch.append_tokens(sample_rows, tokens)
+        out: dict[str, list[int]] = {}
+        logprobs: dict[str, list[TokenLogprobs]] | None = None
+        k = 0
+        for req_id, samples in zip(inputs.req_ids, inputs.sample_mask.tolist(), strict=True):
+            if not samples:
+                out[req_id] = []
+                continue
+            out[req_id] = [tokens[k]]
+            if sampled.logprobs is not None and sampled.logprobs[k] is not None:
+                logprobs = logprobs if logprobs is not None else {}
+                logprobs[req_id] = [sampled.logprobs[k]]
+            k += 1
+        return ModelRunnerOutput(out, logprobs, forwarded - started, done - forwarded)
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        batch = self.batch
+        for req_id in so.finished_req_ids:
+            batch.remove(req_id)
+        for req_id in so.preempted_req_ids:
+            batch.preempt(req_id)
+        for new in so.new_requests:
+            batch.add(
+                new.request_id,
+                new.prompt_token_ids,
+                new.output_token_ids,
+                new.sampling_params,
+                new.block_ids,
+                new.num_computed_tokens,
+            )
+        for cached in so.cached_requests:
+            if cached.resumed:
+                batch.resume(
+                    cached.request_id,
+                    cached.new_block_ids,
+                    cached.num_computed_tokens,
+                    cached.new_token_ids,
+                )
+            else:
+                batch.append_blocks(cached.request_id, cached.new_block_ids)
+                batch.set_num_computed(cached.request_id, cached.num_computed_tokens)
+
+    def _prepare_inputs(self, so: SchedulerOutput) -> _StepInputs:
+        batch, bs = self.batch, self.config.block_size
+        req_ids = list(so.num_scheduled_tokens)
+        rows = np.fromiter((batch.row(r) for r in req_ids), dtype=np.int64, count=len(req_ids))
+        n = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64, count=len(req_ids))
+        c = batch.num_computed[rows]
+        known = batch.num_tokens[rows]
+        if (n <= 0).any() or (c + n > known).any():
+            bad = [
+                r for r, a, b, k in zip(req_ids, c, n, known, strict=True) if b <= 0 or a + b > k
+            ]
+            raise ValueError(f"scheduled tokens outside the known tokens for {bad}")
+        if (c + n > bs * batch.num_blocks[rows]).any():
+            raise ValueError("scheduled tokens past the end of a request's block table")
+        total = int(n.sum())
+        if total > self.config.max_num_batched_tokens:
+            raise ValueError(f"{total} tokens > max_num_batched_tokens")
+        # decodes first, by context length; then prefill chunks
+        decodes = np.flatnonzero(n == 1)
+        decodes = decodes[np.argsort(c[decodes], kind="stable")]
+        order = np.concatenate([decodes, np.flatnonzero(n != 1)])
+        rows, n, c, known = rows[order], n[order], c[order], known[order]
+        req_ids = [req_ids[i] for i in order.tolist()]
+
+        ends = np.cumsum(n)
+        token_req = np.repeat(np.arange(len(rows)), n)
+        positions = np.arange(total) - np.repeat(ends - n, n) + c[token_req]
+        token_rows = rows[token_req]
+        input_ids = batch.token_ids[token_rows, positions]
+        slots = batch.block_table[token_rows, positions // bs] * bs + positions % bs
+        sample_mask = c + n == known
+        max_blocks = -(-int((c + n).max()) // bs)
+        dev = self.device
+        slot_mapping = torch.from_numpy(slots).to(dev, non_blocking=True)
+        meta = attention.build_metadata(
+            key_caches=self.kv_cache.key_caches,
+            value_caches=self.kv_cache.value_caches,
+            block_size=bs,
+            block_table=batch.block_table[rows, :max_blocks],
+            num_computed=c,
+            num_scheduled=n,
+            num_decodes=len(decodes),
+            decode_group_size=self.config.decode_group_size,
+            slot_mapping=slot_mapping,
+            device=dev,
+        )
+        return _StepInputs(
+            req_ids=req_ids,
+            rows=rows,
+            num_scheduled=n,
+            sample_mask=sample_mask,
+            input_ids=torch.from_numpy(input_ids).to(dev, non_blocking=True).view(1, -1),
+            position_ids=torch.from_numpy(positions).to(dev, non_blocking=True).view(1, -1),
+            logits_index=torch.from_numpy(ends[sample_mask] - 1).to(dev, non_blocking=True),
+            meta=meta,
+        )
+
+    # --- sizing ---
+
+    def _resolve_max_model_len(self, mc) -> int:
+        limit = int(getattr(mc, "max_position_embeddings", 0) or 0) or None
+        window = getattr(mc, "sliding_window", None)
+        if window and getattr(mc, "use_sliding_window", True):
+            # paged attention here attends to the whole context: stay within the window
+            limit = min(limit or window, int(window))
+        wanted = self.config.max_model_len
+        if wanted is None:
+            if limit is None:
+                raise ValueError("the model states no max_position_embeddings: set max_model_len")
+            return limit
+        if limit is not None and wanted > limit:
+            raise ValueError(f"max_model_len={wanted} > the model's limit {limit}")
+        return wanted
+
+    def _resolve_eos(self) -> int | None:
+        gen = getattr(self.model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(self.model.config, "eos_token_id", None)
+        if isinstance(eos, list | tuple):
+            eos = eos[0] if eos else None
+        return None if eos is None else int(eos)
+
+    def _kv_budget(self) -> int:
+        if self.config.kv_cache_memory is not None:
+            return self.config.kv_cache_memory
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return free // 2
+        return GiB

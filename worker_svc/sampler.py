@@ -1,0 +1,152 @@
+"""Token sampling for a batch of rows, each with its own parameters (vLLM V1 semantics).
+
+Order: raw logprobs (if asked) -> penalties -> greedy argmax | temperature -> min-p -> top-k /
+top-p -> sample. Sampling is the exponential race `argmax(probs / q)`, q ~ Exp(1), which draws
+from `probs` exactly; a row with a seed draws its q from its own torch.Generator, so what it samples
+depends only on its logits and its seed, never on its batch neighbours. An all-greedy batch
+takes one argmax and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """A sampled token's logprob and the top-n (token, logprob) of its distribution."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass(slots=True)
+class SamplingMetadata:
+    """Per-row parameters of the rows to sample, as tensors (None: nobody uses it)."""
+
+    num_rows: int
+    all_greedy: bool = True
+    temperature: torch.Tensor | None = None  # [R] float, 0 = greedy
+    top_k: torch.Tensor | None = None  # [R] int64, vocab size when off
+    top_p: torch.Tensor | None = None  # [R] float, 1 when off
+    min_p: torch.Tensor | None = None  # [R] float, 0 when off
+    generators: dict[int, torch.Generator] = field(default_factory=dict)  # row -> own generator
+    # penalties, for the rows in penalty_rows only
+    penalty_rows: torch.Tensor | None = None  # [P] int64
+    presence: torch.Tensor | None = None  # [P]
+    frequency: torch.Tensor | None = None  # [P]
+    repetition: torch.Tensor | None = None  # [P]
+    prompt_mask: torch.Tensor | None = None  # [P, V] bool: token occurs in the prompt
+    output_counts: torch.Tensor | None = None  # [P, V] float: occurrences in the output
+    num_logprobs: list[int | None] | None = None  # per row top-n, None: row wants none
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    token_ids: torch.Tensor  # [R] int64
+    logprobs: list[TokenLogprobs | None] | None = None
+
+
+class Sampler:
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator  # for rows without their own seed
+
+    def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        logits = logits.float()
+        raw_logprobs = None
+        if meta.num_logprobs is not None:
+            raw_logprobs = torch.log_softmax(logits, dim=-1)
+        if meta.penalty_rows is not None:
+            apply_penalties(logits, meta)
+        if meta.all_greedy:
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = self._sample(logits, meta)
+        logprobs = None
+        if raw_logprobs is not None:
+            logprobs = gather_logprobs(raw_logprobs, tokens, meta.num_logprobs)
+        return SamplerOutput(tokens, logprobs)
+
+    def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        assert meta.temperature is not None
+        greedy = meta.temperature == 0
+        greedy_tokens = logits.argmax(dim=-1) if bool(greedy.any()) else None
+        temp = torch.where(greedy, torch.ones_like(meta.temperature), meta.temperature)
+        logits = logits / temp.unsqueeze(1)
+        if meta.min_p is not None:
+            logits = apply_min_p(logits, meta.min_p)
+        if meta.top_k is not None or meta.top_p is not None:
+            logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
+        probs = torch.softmax(logits, dim=-1)
+        q = torch.empty_like(probs)
+        q.exponential_(generator=self.generator)
+        for row, gen in meta.generators.items():
+            q[row].exponential_(generator=gen)
+        q.clamp_min_(torch.finfo(q.dtype).tiny)  # a 0 draw would make 0/0 for a dropped token
+        tokens = probs.div_(q).argmax(dim=-1)
+        if greedy_tokens is not None:
+            tokens = torch.where(greedy, greedy_tokens, tokens)
+        return tokens
+
+
+def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> None:
+    """In place, on meta.penalty_rows: repetition over prompt + output (divide positive logits,
+    multiply negative ones), then frequency (times the output count) and presence (once if the
+    token occurs in the output) subtracted, as vLLM defines them."""
+    rows = meta.penalty_rows
+    assert rows is not None and meta.output_counts is not None and meta.prompt_mask is not None
+    sub = logits.index_select(0, rows)
+    counts = meta.output_counts
+    seen = meta.prompt_mask | (counts > 0)
+    rep = meta.repetition.unsqueeze(1).expand_as(sub)
+    penalised = torch.where(sub > 0, sub / rep, sub * rep)
+    sub = torch.where(seen, penalised, sub)
+    sub -= meta.frequency.unsqueeze(1) * counts
+    sub -= meta.presence.unsqueeze(1) * (counts > 0).to(sub.dtype)
+    logits.index_copy_(0, rows, sub)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the top token's."""
+    probs = torch.softmax(logits, dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
+    """Keep each row's top_k tokens, then its smallest set with probability mass >= top_p."""
+    if top_p is None:
+        assert top_k is not None
+        max_k = int(top_k.max())
+        kth = logits.topk(max_k, dim=-1).values.gather(1, (top_k - 1).unsqueeze(1))
+        return logits.masked_fill(logits < kth, float("-inf"))
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    if top_k is not None:
+        kth = sorted_logits.gather(1, (logits.shape[-1] - top_k).unsqueeze(1))
+        sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
+    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    drop = cum <= (1 - top_p).unsqueeze(1)
+    drop[:, -1] = False  # the top token always stays
+    sorted_logits.masked_fill_(drop, float("-inf"))
+    return sorted_logits.scatter(-1, order, sorted_logits)
+
+
+def gather_logprobs(
+    logprobs: torch.Tensor, tokens: torch.Tensor, num: list[int | None]
+) -> list[TokenLogprobs | None]:
+    """Each asking row's sampled-token logprob and its top-n."""
+    max_n = max((n for n in num if n is not None), default=0)
+    chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+    top_vals, top_ids = logprobs.topk(max(max_n, 1), dim=-1)
+    top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+    token_list = tokens.tolist()
+    out: list[TokenLogprobs | None] = []
+    for i, n in enumerate(num):
+        top = None if n is None else list(zip(top_ids[i][:n], top_vals[i][:n], strict=True))
+        out.append(None if top is None else TokenLogprobs(token_list[i], chosen[i], top))
+    return out
