@@ -30,10 +30,18 @@ def _up_parser(sub) -> None:
 
     p = sub.add_parser("up", help="start a scheduler and N workers on this machine")
     p.add_argument("--workers", type=int, default=1, help="number of workers")
-    p.add_argument("--worker-arg", action="append", default=[],
-                   help="extra flag for every worker, e.g. --worker-arg=--num-gpu-blocks=512")
-    p.add_argument("--demo", default=None, metavar="PROMPT",
-                   help="once a worker is attached, send PROMPT and print the answer")
+    p.add_argument(
+        "--worker-arg",
+        action="append",
+        default=[],
+        help="extra flag for every worker, e.g. --worker-arg=--num-gpu-blocks=512",
+    )
+    p.add_argument(
+        "--demo",
+        default=None,
+        metavar="PROMPT",
+        help="once a worker is attached, send PROMPT and print the answer",
+    )
     add_dataclass_args(p, SchedulerServiceConfig)
 
 
@@ -61,8 +69,13 @@ def run_generate(args: argparse.Namespace) -> int:
     from common.client import FINISH_NAMES, SplitserveClient, build_request
 
     kwargs = dict(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-        top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos or None,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=args.stop,
+        ignore_eos=args.ignore_eos or None,
         priority=args.priority,
     )
     if args.chat:

@@ -62,9 +62,14 @@ def build_request(
     if unknown:
         raise TypeError(f"unknown sampling parameters: {sorted(unknown)}")
     request = pb.GenerateRequest(
-        request_id=request_id, model=model, priority=priority, tenant=tenant,
+        request_id=request_id,
+        model=model,
+        priority=priority,
+        tenant=tenant,
         deadline_s=deadline_s,
-        sampling=sampling_pb2.SamplingParams(**{k: v for k, v in sampling.items() if v is not None}),
+        sampling=sampling_pb2.SamplingParams(
+            **{k: v for k, v in sampling.items() if v is not None}
+        ),
     )
     if messages is not None:
         request.chat.messages.extend(pb.ChatMessage(**m) for m in messages)
@@ -76,8 +81,12 @@ def build_request(
 
 
 class SplitserveClient:
-    def __init__(self, target: str = "localhost:50051", api_key: str | None = None,
-                 timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        target: str = "localhost:50051",
+        api_key: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
         self.channel = grpc.insecure_channel(target)
         self.stub = pb_grpc.GenerationStub(self.channel)
         self.metadata = [("authorization", f"Bearer {api_key}")] if api_key else None
@@ -94,8 +103,9 @@ class SplitserveClient:
 
     def stream(self, prompt: str | None = None, **kwargs) -> Iterator[pb.GenerateResponse]:
         """Yields GenerateResponse messages; cancel by closing the iterator."""
-        call = self.stub.Generate(build_request(prompt, **kwargs), timeout=self.timeout,
-                                  metadata=self.metadata)
+        call = self.stub.Generate(
+            build_request(prompt, **kwargs), timeout=self.timeout, metadata=self.metadata
+        )
         try:
             yield from call
         finally:
@@ -120,12 +130,14 @@ class SplitserveClient:
         return result
 
     def abort(self, request_id: str) -> None:
-        self.stub.Abort(pb.AbortRequest(request_id=request_id), timeout=self.timeout,
-                        metadata=self.metadata)
+        self.stub.Abort(
+            pb.AbortRequest(request_id=request_id), timeout=self.timeout, metadata=self.metadata
+        )
 
     def server_info(self) -> pb.ServerInfo:
-        return self.stub.GetServerInfo(pb.ServerInfoRequest(), timeout=self.timeout,
-                                       metadata=self.metadata)
+        return self.stub.GetServerInfo(
+            pb.ServerInfoRequest(), timeout=self.timeout, metadata=self.metadata
+        )
 
     def wait_for_workers(self, n: int = 1, timeout: float = 60.0) -> pb.ServerInfo:
         import time

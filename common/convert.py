@@ -31,7 +31,9 @@ def sampling_from_proto(pb: sampling_pb2.SamplingParams) -> tuple[SamplingParams
     return params, list(pb.stop)
 
 
-def sampling_to_proto(params: SamplingParams, stop: list[str] | None = None) -> sampling_pb2.SamplingParams:
+def sampling_to_proto(
+    params: SamplingParams, stop: list[str] | None = None
+) -> sampling_pb2.SamplingParams:
     pb = sampling_pb2.SamplingParams(
         max_tokens=params.max_tokens,
         min_tokens=params.min_tokens,

@@ -25,9 +25,18 @@ def run_up(args: argparse.Namespace) -> int:
     threads = max(1, (os.cpu_count() or 1) // max(1, args.workers))
     scheduler_addr = f"127.0.0.1:{cfg.worker_port}"
     for i in range(args.workers):
-        worker_argv = ["worker", "--scheduler", scheduler_addr, "--worker-id", f"worker-{i}",
-                       "--num-threads", str(threads), "--worker-secret", cfg.worker_secret,
-                       *args.worker_arg]
+        worker_argv = [
+            "worker",
+            "--scheduler",
+            scheduler_addr,
+            "--worker-id",
+            f"worker-{i}",
+            "--num-threads",
+            str(threads),
+            "--worker-secret",
+            cfg.worker_secret,
+            *args.worker_arg,
+        ]
         if cfg.model:
             worker_argv += ["--model", cfg.model]
         procs.append(_spawn(worker_argv, env))
@@ -76,12 +85,16 @@ def _demo(target: str, prompt: str, stopped) -> None:
             return
         print(f"\n>>> {prompt}", flush=True)
         try:
-            for msg in client.stream(messages=[{"role": "user", "content": prompt}],
-                                     max_tokens=64, temperature=0.0):
+            for msg in client.stream(
+                messages=[{"role": "user", "content": prompt}], max_tokens=64, temperature=0.0
+            ):
                 sys.stdout.write(msg.text)
                 sys.stdout.flush()
         except grpc.RpcError as exc:
             print(f"error: {exc.code().name}: {exc.details()}")
-        print(f"\n\nsplitserve is up: gRPC on {target}. Try:\n"
-              f"  .venv/bin/splitserve generate --chat \"What is a KV cache?\"\n"
-              "Ctrl-C stops it.", flush=True)
+        print(
+            f"\n\nsplitserve is up: gRPC on {target}. Try:\n"
+            f'  .venv/bin/splitserve generate --chat "What is a KV cache?"\n'
+            "Ctrl-C stops it.",
+            flush=True,
+        )

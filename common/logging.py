@@ -29,4 +29,4 @@ def configure_logging(level: str = "info", json_logs: bool = True) -> None:
 
 
 def get_logger(name: str, **bound) -> structlog.typing.FilteringBoundLogger:
-    return structlog.get_logger(name).bind(**bound)
+    return structlog.get_logger(name, **bound)

@@ -49,7 +49,9 @@ def env_name(field: dataclasses.Field) -> str:
     return ENV_PREFIX + field.name.upper()
 
 
-def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+def add_dataclass_args(
+    parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()
+) -> None:
     hints = typing.get_type_hints(cls)
     group = parser.add_argument_group(cls.__name__)
     for field in dataclasses.fields(cls):

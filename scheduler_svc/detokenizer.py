@@ -33,7 +33,10 @@ class IncrementalDetokenizer:
 
     @classmethod
     def for_prompt(
-        cls, decoder: Decoder, prompt_token_ids: list[int], skip_special_tokens: bool,
+        cls,
+        decoder: Decoder,
+        prompt_token_ids: list[int],
+        skip_special_tokens: bool,
         stop_strings: list[str],
     ) -> IncrementalDetokenizer:
         tail = list(prompt_token_ids[-_CONTEXT_TOKENS:])

@@ -23,6 +23,7 @@ from scheduler_svc.core import (
     Scheduler,
     SchedulerConfig,
     SchedulerOutput,
+    SchedulerStats,
 )
 from scheduler_svc.request_state import RequestState
 
@@ -122,8 +123,13 @@ class ServingEngine:
         state.worker_id = session.worker_id
         session.request_ids.add(state.request_id)
         session.wakeup.set()
-        log.debug("placed", request_id=state.request_id, worker_id=session.worker_id,
-                  reason="least_loaded", load=session.load)
+        log.debug(
+            "placed",
+            request_id=state.request_id,
+            worker_id=session.worker_id,
+            reason="least_loaded",
+            load=session.load,
+        )
 
     def _pick_worker(self) -> WorkerSession | None:
         live = [s for s in self.sessions.values() if not s.lost]
@@ -189,9 +195,13 @@ class ServingEngine:
         session = WorkerSession(registration, Scheduler(sched_cfg), transport)
         self.sessions[registration.worker_id] = session
         self.worker_attached.set()
-        log.info("worker_attached", worker_id=registration.worker_id,
-                 num_blocks=registration.num_device_blocks, block_size=registration.block_size,
-                 address=registration.address)
+        log.info(
+            "worker_attached",
+            worker_id=registration.worker_id,
+            num_blocks=registration.num_device_blocks,
+            block_size=registration.block_size,
+            address=registration.address,
+        )
         pending = list(self.unassigned.values())
         self.unassigned.clear()
         for state in pending:
@@ -232,8 +242,7 @@ class ServingEngine:
             self._place_or_fail(state)
             moved += 1
         session.request_ids.clear()
-        log.warning("worker_detached", worker_id=session.worker_id, reason=reason,
-                    migrated=moved)
+        log.warning("worker_detached", worker_id=session.worker_id, reason=reason, migrated=moved)
 
     async def run_worker(self, session: WorkerSession) -> None:
         """The step loop of one worker: schedule, execute remotely, apply. Ends when it is lost."""
@@ -281,8 +290,8 @@ class ServingEngine:
             self.num_finished += 1
 
     # ---- introspection --------------------------------------------------------------------
-    def worker_stats(self) -> list[tuple[WorkerSession, dict]]:
-        return [(s, _stats_dict(s.scheduler.stats())) for s in self.sessions.values()]
+    def worker_stats(self) -> list[tuple[WorkerSession, SchedulerStats]]:
+        return [(s, s.scheduler.stats()) for s in self.sessions.values()]
 
 
 def _has_work(out: SchedulerOutput) -> bool:
@@ -292,9 +301,3 @@ def _has_work(out: SchedulerOutput) -> bool:
         or out.preempted_req_ids
         or out.blocks_to_swap_out
     )
-
-
-def _stats_dict(stats) -> dict:
-    if isinstance(stats, dict):
-        return stats
-    return {name: getattr(stats, name) for name in stats.__slots__}

@@ -56,11 +56,19 @@ class GenerationService(pb_grpc.GenerationServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         request_id = state.request_id
         prompt_tokens = len(state.prompt_token_ids)
-        log.info("request_accepted", request_id=request_id, prompt_tokens=prompt_tokens,
-                 max_tokens=state.params.max_tokens, worker_id=state.worker_id)
+        log.info(
+            "request_accepted",
+            request_id=request_id,
+            prompt_tokens=prompt_tokens,
+            max_tokens=state.params.max_tokens,
+            worker_id=state.worker_id,
+        )
         if request.echo_prompt_token_ids:
-            yield pb.GenerateResponse(request_id=request_id, prompt_token_ids=state.prompt_token_ids,
-                                      prompt_tokens=prompt_tokens)
+            yield pb.GenerateResponse(
+                request_id=request_id,
+                prompt_token_ids=state.prompt_token_ids,
+                prompt_tokens=prompt_tokens,
+            )
         try:
             while True:
                 delta: StreamDelta = await state.queue.get()
@@ -68,9 +76,13 @@ class GenerationService(pb_grpc.GenerationServicer):
                     await context.abort(getattr(grpc.StatusCode, delta.error_code), delta.error)
                 yield delta_to_proto(request_id, prompt_tokens, delta)
                 if delta.finish_reason is not None:
-                    log.info("request_finished", request_id=request_id,
-                             finish_reason=str(delta.finish_reason),
-                             output_tokens=delta.num_output_tokens, worker_id=delta.worker_id)
+                    log.info(
+                        "request_finished",
+                        request_id=request_id,
+                        finish_reason=str(delta.finish_reason),
+                        output_tokens=delta.num_output_tokens,
+                        worker_id=delta.worker_id,
+                    )
                     return
         finally:
             if not state.finished:  # client cancelled or disconnected
@@ -79,8 +91,9 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext):  # noqa: N802
         if not self.engine.abort(request.request_id):
-            await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"no request {request.request_id!r} is in flight")
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"no request {request.request_id!r} is in flight"
+            )
         return pb.AbortResponse()
 
     async def GetServerInfo(self, request, context):  # noqa: N802
@@ -101,17 +114,17 @@ class GenerationService(pb_grpc.GenerationServicer):
             info.workers.add(
                 worker_id=session.worker_id,
                 address=reg.address,
-                num_blocks=stats["num_total_blocks"],
-                num_free_blocks=stats["num_free_blocks"],
+                num_blocks=stats.num_total_blocks,
+                num_free_blocks=stats.num_free_blocks,
                 num_host_blocks=reg.num_host_blocks,
-                num_running=stats["num_running"],
-                num_waiting=stats["num_waiting"],
-                kv_usage=stats["kv_usage"],
-                num_preemptions=stats["num_preemptions"],
+                num_running=stats.num_running,
+                num_waiting=stats.num_waiting,
+                kv_usage=stats.kv_usage,
+                num_preemptions=stats.num_preemptions,
                 num_steps=session.num_steps,
                 state="lost" if session.lost else "active",
             )
-            info.num_running += stats["num_running"]
-            info.num_waiting += stats["num_waiting"]
-            info.num_preemptions += stats["num_preemptions"]
+            info.num_running += stats.num_running
+            info.num_waiting += stats.num_waiting
+            info.num_preemptions += stats.num_preemptions
         return info

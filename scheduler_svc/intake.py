@@ -89,8 +89,17 @@ class Intake:
             skip_special_tokens=not request.include_special_tokens,
         )
 
-    def make_state(self, request_id, prompt, params, stop, priority=0, tenant=None,
-                   deadline_s=0.0, skip_special_tokens=True) -> RequestState:
+    def make_state(
+        self,
+        request_id,
+        prompt,
+        params,
+        stop,
+        priority=0,
+        tenant=None,
+        deadline_s=0.0,
+        skip_special_tokens=True,
+    ) -> RequestState:
         if not prompt:
             raise RequestRejected("the prompt is empty after tokenization")
         if len(prompt) >= self.max_model_len:

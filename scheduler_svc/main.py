@@ -57,11 +57,14 @@ class SchedulerServer:
             ("grpc.max_send_message_length", cfg.max_message_bytes),
         ]
         self.client_server = grpc.aio.server(options=options)
-        self.worker_server = grpc.aio.server(options=options + [
-            ("grpc.keepalive_time_ms", 10_000),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-        ])
+        self.worker_server = grpc.aio.server(
+            options=options
+            + [
+                ("grpc.keepalive_time_ms", 10_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            ]
+        )
         self.health = health.aio.HealthServicer()
         generation_pb2_grpc.add_GenerationServicer_to_server(
             GenerationService(self.engine, self.intake), self.client_server
@@ -80,8 +83,10 @@ class SchedulerServer:
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.worker_server)
         reflection.enable_server_reflection(
-            (worker_link_pb2.DESCRIPTOR.services_by_name["WorkerLink"].full_name,
-             reflection.SERVICE_NAME),
+            (
+                worker_link_pb2.DESCRIPTOR.services_by_name["WorkerLink"].full_name,
+                reflection.SERVICE_NAME,
+            ),
             self.worker_server,
         )
         self.port = self.client_server.add_insecure_port(f"{cfg.host}:{cfg.port}")
@@ -94,8 +99,13 @@ class SchedulerServer:
         await self.health.set("", serving)
         await self.health.set("splitserve.v1.Generation", serving)
         await self.health.set("splitserve.v1.WorkerLink", serving)
-        log.info("scheduler_started", port=self.port, worker_port=self.worker_port,
-                 model=self.engine.model_name, policy=self.cfg.scheduling_policy)
+        log.info(
+            "scheduler_started",
+            port=self.port,
+            worker_port=self.worker_port,
+            model=self.engine.model_name,
+            policy=self.cfg.scheduling_policy,
+        )
 
     async def stop(self, grace: float = 2.0) -> None:
         await self.health.enter_graceful_shutdown()

@@ -103,8 +103,12 @@ class RequestState:
         self.finish_reason = FinishReason.ERROR
         self.queue.put_nowait(
             StreamDelta(
-                token_ids=[], text="", finish_reason=FinishReason.ERROR, error=message,
-                error_code=code, num_output_tokens=len(self.output_token_ids),
+                token_ids=[],
+                text="",
+                finish_reason=FinishReason.ERROR,
+                error=message,
+                error_code=code,
+                num_output_tokens=len(self.output_token_ids),
             )
         )
 
@@ -114,7 +118,8 @@ class RequestState:
         self.finish_reason = FinishReason.ABORT
         self.queue.put_nowait(
             StreamDelta(
-                token_ids=[], text=self.detokenizer.take_delta(True),
+                token_ids=[],
+                text=self.detokenizer.take_delta(True),
                 finish_reason=FinishReason.ABORT,
                 num_output_tokens=len(self.output_token_ids),
             )

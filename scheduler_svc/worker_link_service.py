@@ -96,12 +96,16 @@ class GrpcWorkerTransport:
                 self.lose(f"no answer or heartbeat for {silent:.1f} s")
 
 
-def check_registration(reg: pb.Register, model_name: str, secret: str) -> tuple[grpc.StatusCode, str] | None:
+def check_registration(
+    reg: pb.Register, model_name: str, secret: str
+) -> tuple[grpc.StatusCode, str] | None:
     if secret and not hmac.compare_digest(reg.secret.encode(), secret.encode()):
         return grpc.StatusCode.UNAUTHENTICATED, "wrong worker secret"
     if reg.model and reg.model != model_name:
-        return (grpc.StatusCode.INVALID_ARGUMENT,
-                f"worker serves model {reg.model!r} but this scheduler serves {model_name!r}")
+        return (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"worker serves model {reg.model!r} but this scheduler serves {model_name!r}",
+        )
     if reg.block_size < 1 or reg.block_size > 1024:
         return grpc.StatusCode.INVALID_ARGUMENT, f"impossible block size {reg.block_size}"
     if reg.num_device_blocks < 1:
@@ -124,8 +128,10 @@ class WorkerLinkService(pb_grpc.WorkerLinkServicer):
         except TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no Register message in time")
         if first is grpc.aio.EOF or first.WhichOneof("msg") != "register":
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "the first message on a worker link must be Register")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "the first message on a worker link must be Register",
+            )
         reg = first.register
         problem = check_registration(reg, self.engine.model_name, self.engine.config.worker_secret)
         if problem is not None:
@@ -143,16 +149,25 @@ class WorkerLinkService(pb_grpc.WorkerLinkServicer):
             max_model_len=reg.max_model_len,
             address=context.peer(),
         )
-        await context.write(pb.SchedulerMessage(register_ack=pb.RegisterAck(
-            worker_id=worker_id,
-            max_model_len=min(reg.max_model_len, self.engine.config.max_model_len),
-        )))
+        await context.write(
+            pb.SchedulerMessage(
+                register_ack=pb.RegisterAck(
+                    worker_id=worker_id,
+                    max_model_len=min(reg.max_model_len, self.engine.config.max_model_len),
+                )
+            )
+        )
         session = self.engine.attach(registration, transport)
         transport.session = session
-        tasks = [asyncio.create_task(transport.read_loop()), asyncio.create_task(transport.watchdog())]
+        tasks = [
+            asyncio.create_task(transport.read_loop()),
+            asyncio.create_task(transport.watchdog()),
+        ]
         try:
             await self.engine.run_worker(session)
         finally:
             for task in tasks:
                 task.cancel()
-            self.engine.detach(session, session.lost_reason or transport.lost_reason or "link closed")
+            self.engine.detach(
+                session, session.lost_reason or transport.lost_reason or "link closed"
+            )

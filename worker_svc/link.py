@@ -115,8 +115,9 @@ class WorkerLinkClient:
                     if kind == "register_ack":
                         attached = True
                         self.worker_id = msg.register_ack.worker_id
-                        log.info("registered", worker_id=self.worker_id,
-                                 scheduler=self.cfg.scheduler)
+                        log.info(
+                            "registered", worker_id=self.worker_id, scheduler=self.cfg.scheduler
+                        )
                     elif kind == "step":
                         outbox.put(pb.WorkerMessage(step_result=self._execute(msg.step)))
             except grpc.RpcError as exc:

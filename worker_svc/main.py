@@ -19,9 +19,14 @@ def main(link_cfg: WorkerLinkConfig, runner_cfg) -> int:
     if not link_cfg.worker_id:
         link_cfg.worker_id = f"{socket.gethostname()}-{os.getpid()}"
     runner = ModelRunner(runner_cfg)
-    log.info("worker_ready", worker_id=link_cfg.worker_id, model=runner.model_name,
-             num_blocks=runner.num_blocks, block_size=runner.block_size,
-             max_model_len=runner.max_model_len)
+    log.info(
+        "worker_ready",
+        worker_id=link_cfg.worker_id,
+        model=runner.model_name,
+        num_blocks=runner.num_blocks,
+        block_size=runner.block_size,
+        max_model_len=runner.max_model_len,
+    )
     client = WorkerLinkClient(link_cfg, runner)
 
     def on_signal(signum, frame) -> None:

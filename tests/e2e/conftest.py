@@ -1,0 +1,38 @@
+import pytest
+
+from common.client import SplitserveClient
+from tests.e2e.procs import Cluster
+
+WORKER_FLAGS = ("--num-gpu-blocks", "192", "--block-size", "16")
+SCHEDULER_FLAGS = (
+    "--max-model-len",
+    "1024",
+    "--max-num-batched-tokens",
+    "256",
+    "--max-num-seqs",
+    "32",
+    "--worker-wait-timeout",
+    "2",
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("cluster"))
+    c.start_scheduler(*SCHEDULER_FLAGS)
+    c.start_worker("w0", *WORKER_FLAGS)
+    try:
+        with SplitserveClient(c.target) as client:
+            client.wait_for_workers(1, timeout=240)
+        yield c
+    except BaseException:
+        print(c.logs())
+        raise
+    finally:
+        c.stop_all()
+
+
+@pytest.fixture
+def client(cluster):
+    with SplitserveClient(cluster.target, timeout=120) as c:
+        yield c

@@ -1,0 +1,248 @@
+"""The serving engine with fake workers (no gRPC, no model): placement, streaming, migration."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from scheduler_svc.config import SchedulerServiceConfig
+from scheduler_svc.core import FinishReason, SamplingParams, SchedulerOutput
+from scheduler_svc.detokenizer import IncrementalDetokenizer
+from scheduler_svc.engine import ServingEngine, StepReply, WorkerLost, WorkerRegistration
+from scheduler_svc.request_state import RequestState
+
+VOCAB = 1000
+
+
+def next_token(history: list[int]) -> int:
+    h = 17
+    for t in history[-8:]:
+        h = (h * 31 + t) % 1_000_003
+    return 3 + h % (VOCAB - 3)
+
+
+def reference(prompt: list[int], n: int) -> list[int]:
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(next_token(seq))
+    return seq[len(prompt) :]
+
+
+class FakeDecoder:
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f"<{t}>" for t in ids)
+
+
+class FakeWorker:
+    """Plays the model runner: the next token is a function of the whole history."""
+
+    def __init__(self, fail_at_step: int | None = None) -> None:
+        self.prompts: dict[str, list[int]] = {}
+        self.tokens: dict[str, list[int]] = {}
+        self.steps = 0
+        self.fail_at_step = fail_at_step
+
+    async def execute(self, out: SchedulerOutput) -> StepReply:
+        await asyncio.sleep(0)
+        self.steps += 1
+        if self.fail_at_step is not None and self.steps >= self.fail_at_step:
+            raise WorkerLost("fake worker died")
+        for rid in out.finished_req_ids:
+            self.tokens.pop(rid, None)
+            self.prompts.pop(rid, None)
+        computed = {}
+        for new in out.new_requests:
+            self.prompts[new.request_id] = list(new.prompt_token_ids)
+            self.tokens[new.request_id] = new.prompt_token_ids + new.output_token_ids
+            computed[new.request_id] = new.num_computed_tokens
+        for cached in out.cached_requests:
+            computed[cached.request_id] = cached.num_computed_tokens
+            if cached.resumed:  # all output tokens so far are re-sent on resume
+                self.tokens[cached.request_id] = (
+                    self.prompts[cached.request_id] + cached.new_token_ids
+                )
+        sampled = {}
+        for rid, n in out.num_scheduled_tokens.items():
+            seq = self.tokens[rid]
+            if computed[rid] + n >= len(seq):
+                tok = next_token(seq)
+                seq.append(tok)
+                sampled[rid] = [tok]
+            else:
+                sampled[rid] = []
+        return StepReply(sampled)
+
+
+def make_engine(**overrides) -> ServingEngine:
+    cfg = SchedulerServiceConfig(
+        max_num_batched_tokens=64,
+        max_num_seqs=8,
+        max_model_len=512,
+        worker_wait_timeout=0.5,
+        **overrides,
+    )
+    return ServingEngine(cfg, "fake")
+
+
+def make_state(rid: str, prompt: list[int], max_tokens: int, stop=()) -> RequestState:
+    return RequestState(
+        request_id=rid,
+        prompt_token_ids=prompt,
+        params=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+        detokenizer=IncrementalDetokenizer.for_prompt(FakeDecoder(), prompt, True, list(stop)),
+    )
+
+
+def registration(wid: str, num_blocks: int = 64) -> WorkerRegistration:
+    return WorkerRegistration(
+        wid,
+        "fake",
+        block_size=4,
+        num_device_blocks=num_blocks,
+        num_host_blocks=0,
+        max_model_len=512,
+    )
+
+
+async def drain(state: RequestState) -> tuple[list[int], list]:
+    tokens, deltas = [], []
+    while True:
+        delta = await asyncio.wait_for(state.queue.get(), 10)
+        deltas.append(delta)
+        tokens.extend(delta.token_ids)
+        if delta.finish_reason is not None:
+            return tokens, deltas
+
+
+async def run_session(engine, session):
+    await engine.run_worker(session)
+    engine.detach(session, session.lost_reason or "test")
+
+
+def test_requests_finish_with_reference_tokens():
+    async def main():
+        engine = make_engine()
+        sessions = [engine.attach(registration(f"w{i}"), FakeWorker()) for i in range(2)]
+        tasks = [asyncio.create_task(engine.run_worker(s)) for s in sessions]
+        states = [
+            make_state(f"r{i}", [1 + i, 2, 3, 4, 5 + i] * (1 + i % 3), 5 + i) for i in range(10)
+        ]
+        for s in states:
+            engine.submit(s)
+        # placement spreads the load
+        assert {s.worker_id for s in states} == {"w0", "w1"}
+        results = await asyncio.gather(*(drain(s) for s in states))
+        for state, (tokens, deltas) in zip(states, results, strict=True):
+            assert tokens == reference(state.prompt_token_ids, state.params.max_tokens)
+            assert deltas[-1].finish_reason == FinishReason.LENGTH
+            assert "".join(d.text for d in deltas) == FakeDecoder().decode(tokens)
+        for t in tasks:
+            t.cancel()
+        assert not engine.requests
+        for s in sessions:
+            stats = s.scheduler.stats()
+            assert stats.num_free_blocks == stats.num_total_blocks
+
+    asyncio.run(main())
+
+
+def test_lost_worker_requests_continue_elsewhere_without_gap_or_duplicate():
+    async def main():
+        engine = make_engine()
+        dying = engine.attach(registration("dying"), FakeWorker(fail_at_step=4))
+        t1 = asyncio.create_task(run_session(engine, dying))
+        states = [make_state(f"r{i}", [7, 8, 9, i], 12) for i in range(4)]
+        for s in states:
+            engine.submit(s)
+        await asyncio.sleep(0.05)  # the worker dies after a few steps
+        await t1
+        assert all(s.worker_id is None for s in states), "requests should wait for a new worker"
+        healthy = engine.attach(registration("healthy"), FakeWorker())
+        t2 = asyncio.create_task(engine.run_worker(healthy))
+        results = await asyncio.gather(*(drain(s) for s in states))
+        for state, (tokens, _) in zip(states, results, strict=True):
+            assert tokens == reference(state.prompt_token_ids, 12)
+            assert state.num_migrations == 1
+        t2.cancel()
+
+    asyncio.run(main())
+
+
+def test_too_many_migrations_fail_with_a_sentence():
+    async def main():
+        engine = make_engine(max_migrations=0)
+        dying = engine.attach(registration("dying"), FakeWorker(fail_at_step=2))
+        state = make_state("r", [1, 2, 3], 10)
+        engine.submit(state)
+        await run_session(engine, dying)
+        tokens, deltas = await drain(state)
+        assert deltas[-1].finish_reason == FinishReason.ERROR
+        assert "lost its worker" in deltas[-1].error and deltas[-1].error_code == "UNAVAILABLE"
+
+    asyncio.run(main())
+
+
+def test_waiting_for_a_worker_then_unavailable():
+    async def main():
+        engine = make_engine()
+        state = make_state("r", [1, 2, 3], 4)
+        engine.submit(state)
+        _, deltas = await drain(state)
+        assert deltas[-1].error_code == "UNAVAILABLE" and "no worker" in deltas[-1].error
+        assert not engine.requests
+
+        # a worker attaching in time picks the request up
+        late = make_state("late", [1, 2, 3], 4)
+        engine.submit(late)
+        session = engine.attach(registration("w"), FakeWorker())
+        task = asyncio.create_task(engine.run_worker(session))
+        tokens, _ = await drain(late)
+        assert tokens == reference([1, 2, 3], 4)
+        task.cancel()
+
+    asyncio.run(main())
+
+
+def test_stop_string_ends_request_and_frees_blocks():
+    async def main():
+        engine = make_engine()
+        session = engine.attach(registration("w"), FakeWorker())
+        task = asyncio.create_task(engine.run_worker(session))
+        prompt = [5, 6, 7]
+        ref = reference(prompt, 20)
+        stop = f"<{ref[3]}>"
+        state = make_state("r", prompt, 20, stop=[stop])
+        engine.submit(state)
+        tokens, deltas = await drain(state)
+        text = "".join(d.text for d in deltas)
+        assert deltas[-1].finish_reason == FinishReason.STOP and deltas[-1].stop_reason == stop
+        assert text == FakeDecoder().decode(ref[:3])
+        await asyncio.sleep(0.01)
+        assert not session.request_ids
+        task.cancel()
+
+    asyncio.run(main())
+
+
+def test_abort_and_duplicate_ids():
+    async def main():
+        engine = make_engine()
+        session = engine.attach(registration("w"), FakeWorker())
+        task = asyncio.create_task(engine.run_worker(session))
+        state = make_state("r", [1, 2, 3], 400)
+        engine.submit(state)
+        from scheduler_svc.core import RequestRejected
+
+        with pytest.raises(RequestRejected, match="already in flight"):
+            engine.submit(make_state("r", [1], 1))
+        first = await asyncio.wait_for(state.queue.get(), 10)
+        assert first.finish_reason is None
+        assert engine.abort("r") is True
+        assert engine.abort("r") is False
+        tokens, deltas = await drain(state)
+        assert len(first.token_ids) + len(tokens) < 400
+        assert deltas[-1].finish_reason == FinishReason.ABORT
+        task.cancel()
+
+    asyncio.run(main())
