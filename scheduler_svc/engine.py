@@ -25,6 +25,7 @@ from scheduler_svc.core import (
     SchedulerOutput,
     SchedulerStats,
 )
+from scheduler_svc.observer import EngineObserver
 from scheduler_svc.request_state import RequestState
 
 log = get_logger("splitserve.engine")
@@ -93,8 +94,8 @@ class ServingEngine:
         self.sessions: dict[str, WorkerSession] = {}
         self.unassigned: dict[str, RequestState] = {}  # waiting for any worker, in arrival order
         self.num_finished = 0
-        self.num_preemptions_lost_workers = 0
         self.worker_attached = asyncio.Event()
+        self.observer = EngineObserver()
 
     # ---- requests -------------------------------------------------------------------------
     def submit(self, state: RequestState) -> None:
@@ -109,6 +110,14 @@ class ServingEngine:
         except RequestRejected:
             del self.requests[state.request_id]
             raise
+        self.observer.on_request_accepted(state)
+
+    def _end(self, state: RequestState) -> None:
+        """Bookkeeping once a request's stream has its last message."""
+        self.requests.pop(state.request_id, None)
+        state.finish_time = time.monotonic()
+        self.num_finished += 1
+        self.observer.on_request_finished(state)
 
     def _place(self, state: RequestState) -> None:
         session = self._pick_worker()
@@ -139,29 +148,31 @@ class ServingEngine:
         state = self.unassigned.pop(request_id, None)
         if state is None:
             return
-        self.requests.pop(request_id, None)
         state.fail(
             f"no worker attached within {self.config.worker_wait_timeout:g} s; "
             "start a worker (splitserve worker --scheduler HOST:PORT) and retry",
             code="UNAVAILABLE",
         )
+        self._end(state)
 
     def abort(self, request_id: str) -> bool:
         """Abort a request in any state; its stream ends with finish reason abort."""
-        state = self.requests.pop(request_id, None)
+        state = self.requests.get(request_id)
         if state is None:
             return False
         self._release(state)
         state.end_aborted()
+        self._end(state)
         return True
 
     def drop(self, request_id: str) -> None:
         """The client went away: free everything, tell nobody."""
-        state = self.requests.pop(request_id, None)
+        state = self.requests.get(request_id)
         if state is not None:
             self._release(state)
             if not state.finished:
                 state.finish_reason = FinishReason.ABORT
+            self._end(state)
 
     def _release(self, state: RequestState) -> None:
         if self.unassigned.pop(state.request_id, None) is not None and state.wait_timer:
@@ -195,6 +206,7 @@ class ServingEngine:
         session = WorkerSession(registration, Scheduler(sched_cfg), transport)
         self.sessions[registration.worker_id] = session
         self.worker_attached.set()
+        self.observer.on_worker_attached(session)
         log.info(
             "worker_attached",
             worker_id=registration.worker_id,
@@ -214,8 +226,8 @@ class ServingEngine:
         try:
             self._place(state)
         except RequestRejected as exc:
-            self.requests.pop(state.request_id, None)
             state.fail(str(exc), code="INVALID_ARGUMENT")
+            self._end(state)
 
     def detach(self, session: WorkerSession, reason: str) -> None:
         """The worker is gone: move its unfinished requests elsewhere."""
@@ -232,16 +244,17 @@ class ServingEngine:
             state.num_migrations += 1
             state.worker_id = None
             if state.num_migrations > self.config.max_migrations:
-                self.requests.pop(request_id, None)
                 state.fail(
                     f"request lost its worker {state.num_migrations} times "
                     f"(limit --max-migrations {self.config.max_migrations}); last: {reason}",
                     code="UNAVAILABLE",
                 )
+                self._end(state)
                 continue
             self._place_or_fail(state)
             moved += 1
         session.request_ids.clear()
+        self.observer.on_worker_detached(session, reason)
         log.warning("worker_detached", worker_id=session.worker_id, reason=reason, migrated=moved)
 
     async def run_worker(self, session: WorkerSession) -> None:
@@ -260,6 +273,7 @@ class ServingEngine:
                 else:
                     await session.wakeup.wait()
                 continue
+            started = time.perf_counter()
             try:
                 reply = await session.transport.execute(out)
             except WorkerLost as exc:
@@ -270,24 +284,31 @@ class ServingEngine:
             session.num_steps += 1
             session.last_forward_time_s = reply.forward_time_s
             outputs = sched.update_from_output(out, reply.sampled)
+            self.observer.on_step(session, out, reply, time.perf_counter() - started)
+            now = time.monotonic()
             for output in outputs:
-                self._deliver(session, output, reply.logprobs.get(output.request_id))
+                self._deliver(session, output, reply.logprobs.get(output.request_id), now)
 
     def _deliver(
-        self, session: WorkerSession, output: RequestOutput, logprobs: list[TokenLogprobs] | None
+        self,
+        session: WorkerSession,
+        output: RequestOutput,
+        logprobs: list[TokenLogprobs] | None,
+        now: float,
     ) -> None:
         state = self.requests.get(output.request_id)
         if state is None:
             return
         stopped_by_string = state.push_tokens(
-            output.new_token_ids, output.finish_reason, output.stop_reason, logprobs
+            output.new_token_ids, output.finish_reason, output.stop_reason, logprobs, now
         )
+        if output.new_token_ids:
+            self.observer.on_tokens(state, len(output.new_token_ids), now)
         if stopped_by_string:
             session.scheduler.abort_request(output.request_id)
         if state.finished:
-            self.requests.pop(output.request_id, None)
             session.request_ids.discard(output.request_id)
-            self.num_finished += 1
+            self._end(state)
 
     # ---- introspection --------------------------------------------------------------------
     def worker_stats(self) -> list[tuple[WorkerSession, SchedulerStats]]:

@@ -53,6 +53,7 @@ class GenerationService(pb_grpc.GenerationServicer):
             state = self.intake.build(request)
             self.engine.submit(state)
         except RequestRejected as exc:
+            self.engine.observer.on_request_rejected("invalid")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         request_id = state.request_id
         prompt_tokens = len(state.prompt_token_ids)

@@ -40,6 +40,8 @@ class RequestState:
     worker_id: str | None = None
     num_migrations: int = 0
     first_token_time: float | None = None
+    last_token_time: float | None = None
+    finish_time: float | None = None
     finish_reason: FinishReason | None = None
     wait_timer: asyncio.TimerHandle | None = None
 
@@ -67,12 +69,16 @@ class RequestState:
         finish_reason: FinishReason | None,
         stop_reason: int | str | None,
         logprobs: list[TokenLogprobs] | None,
+        now: float | None = None,
     ) -> bool:
         """Append tokens and stream them. Returns True when a stop string ended the request."""
         if self.finished:
             return False
-        if token_ids and self.first_token_time is None:
-            self.first_token_time = time.monotonic()
+        if token_ids:
+            now = time.monotonic() if now is None else now
+            if self.first_token_time is None:
+                self.first_token_time = now
+            self.last_token_time = now
         self.output_token_ids.extend(token_ids)
         detok = self.detokenizer
         detok.add_tokens(token_ids)

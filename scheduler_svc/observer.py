@@ -1,0 +1,36 @@
+"""Hooks the engine calls as requests and steps happen (metrics and the dashboard implement them).
+
+The default does nothing, so the engine never depends on a metrics library.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scheduler_svc.core import SchedulerOutput
+    from scheduler_svc.engine import StepReply, WorkerSession
+    from scheduler_svc.request_state import RequestState
+
+
+class EngineObserver:
+    def on_request_accepted(self, state: RequestState) -> None:
+        """A request passed validation and entered the engine."""
+
+    def on_request_rejected(self, reason: str) -> None:
+        """A request was refused before entering (reason: a short kind, e.g. 'invalid')."""
+
+    def on_tokens(self, state: RequestState, num_new: int, now: float) -> None:
+        """num_new output tokens reached the request's stream at time.monotonic() `now`."""
+
+    def on_request_finished(self, state: RequestState) -> None:
+        """The request ended (state.finish_reason says how; state.finish_time when)."""
+
+    def on_step(
+        self, session: WorkerSession, out: SchedulerOutput, reply: StepReply, step_s: float
+    ) -> None:
+        """A worker answered one step; step_s is the scheduler-side round trip."""
+
+    def on_worker_attached(self, session: WorkerSession) -> None: ...
+
+    def on_worker_detached(self, session: WorkerSession, reason: str) -> None: ...
