@@ -30,6 +30,9 @@ class SchedulerServiceConfig:
     worker_timeout: float = _opt(20.0, "seconds of silence after which a worker is lost")
     max_migrations: int = _opt(3, "times a request may move to another worker before failing")
     worker_secret: str = _opt("", "shared secret workers must present (empty = none)")
+    api_key: str = _opt(
+        "", "key clients must send (HTTP 'Authorization: Bearer KEY', gRPC metadata); empty = none"
+    )
     max_message_bytes: int = _opt(64 * 1024 * 1024, "largest gRPC message accepted")
     log_level: str = _opt("info", "log level")
     log_json: bool = _opt(True, "JSON log lines")

@@ -13,11 +13,15 @@ from common.logging import configure_logging, get_logger
 from common.model_source import resolve_model
 from common.pb import generation_pb2, generation_pb2_grpc, worker_link_pb2, worker_link_pb2_grpc
 from common.tokenizer import load_tokenizer
+from scheduler_svc.auth import ApiKeyInterceptor
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.core import SchedulerConfig
+from scheduler_svc.dashboard.history import DashboardHistory
 from scheduler_svc.engine import ServingEngine
 from scheduler_svc.generation_service import GenerationService
+from scheduler_svc.http import HttpContext, HttpServer, create_app
 from scheduler_svc.intake import Intake
+from scheduler_svc.metrics import MetricsObserver, ObserverGroup
 from scheduler_svc.worker_link_service import WorkerLinkService
 
 log = get_logger("splitserve.scheduler")
@@ -56,7 +60,18 @@ class SchedulerServer:
             ("grpc.max_receive_message_length", cfg.max_message_bytes),
             ("grpc.max_send_message_length", cfg.max_message_bytes),
         ]
-        self.client_server = grpc.aio.server(options=options)
+        self.metrics = MetricsObserver(self.engine)
+        self.history = DashboardHistory(self.engine)
+        self.engine.observer = ObserverGroup(self.metrics, self.history)
+        interceptors = []
+        if cfg.api_key:
+            observer = self.engine.observer
+
+            def refused(method: str) -> None:
+                observer.on_request_rejected("unauthenticated")
+
+            interceptors.append(ApiKeyInterceptor(cfg.api_key, refused))
+        self.client_server = grpc.aio.server(options=options, interceptors=interceptors)
         self.worker_server = grpc.aio.server(
             options=options
             + [
@@ -91,10 +106,18 @@ class SchedulerServer:
         )
         self.port = self.client_server.add_insecure_port(f"{cfg.host}:{cfg.port}")
         self.worker_port = self.worker_server.add_insecure_port(f"{cfg.host}:{cfg.worker_port}")
+        self.http_ctx = HttpContext(
+            self.engine, self.intake, cfg.api_key, self.metrics, self.history
+        )
+        self.http: HttpServer | None = None
+        if cfg.http_port > 0:
+            self.http = HttpServer(create_app(self.http_ctx), cfg.host, cfg.http_port)
 
     async def start(self) -> None:
         await self.client_server.start()
         await self.worker_server.start()
+        if self.http is not None:
+            await self.http.start()
         serving = health_pb2.HealthCheckResponse.SERVING
         await self.health.set("", serving)
         await self.health.set("splitserve.v1.Generation", serving)
@@ -103,15 +126,21 @@ class SchedulerServer:
             "scheduler_started",
             port=self.port,
             worker_port=self.worker_port,
+            http_port=self.http.port if self.http is not None else 0,
             model=self.engine.model_name,
             policy=self.cfg.scheduling_policy,
         )
 
     async def stop(self, grace: float = 2.0) -> None:
+        self.http_ctx.shutting_down = True
         await self.health.enter_graceful_shutdown()
         for state in list(self.engine.requests.values()):
             state.fail("the scheduler is shutting down; retry later", code="UNAVAILABLE")
-        await asyncio.gather(self.client_server.stop(grace), self.worker_server.stop(grace))
+        await asyncio.gather(
+            self.client_server.stop(grace),
+            self.worker_server.stop(grace),
+            self.http.stop() if self.http is not None else asyncio.sleep(0),
+        )
         log.info("scheduler_stopped")
 
 

@@ -1,0 +1,1 @@
+"""The scheduler's live dashboard: a static page that polls /dashboard/api/state."""

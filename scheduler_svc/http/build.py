@@ -1,0 +1,191 @@
+"""OpenAI request bodies -> validated RequestStates (through the same Intake as gRPC)."""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+from scheduler_svc.core import RequestRejected, SamplingParams, validate_sampling_params
+from scheduler_svc.http.errors import OpenAIError
+from scheduler_svc.http.protocol import ChatCompletionRequest, CompletionRequest, _SamplingBody
+from scheduler_svc.intake import (
+    MAX_REQUEST_ID_LEN,
+    MAX_STOP_STRING_LEN,
+    MAX_STOP_STRINGS,
+    Intake,
+)
+from scheduler_svc.request_state import RequestState
+
+MAX_LOGPROBS = 20
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+def check_model(intake: Intake, model: str | None) -> None:
+    """404 for a model this server does not serve (None or "" means the served one)."""
+    try:
+        intake.check_model(model or "")
+    except RequestRejected as exc:
+        raise OpenAIError(404, str(exc), "model", "model_not_found") from exc
+
+
+def _common_checks(body: _SamplingBody) -> None:
+    if body.n != 1:
+        raise OpenAIError(400, f"n must be 1 (got {body.n}); send {body.n} requests instead", "n")
+    if body.logit_bias:
+        raise OpenAIError(400, "logit_bias is not supported", "logit_bias")
+    if body.stream_options is not None and not body.stream:
+        raise OpenAIError(400, "stream_options is only allowed with stream=true", "stream_options")
+    if body.deadline is not None and (not math.isfinite(body.deadline) or body.deadline < 0):
+        raise OpenAIError(400, "deadline must be a finite number of seconds >= 0", "deadline")
+    if body.request_id is not None and len(body.request_id) > MAX_REQUEST_ID_LEN:
+        raise OpenAIError(
+            400, f"request_id is longer than {MAX_REQUEST_ID_LEN} characters", "request_id"
+        )
+
+
+def _stop_strings(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_STRING_LEN for s in stops):
+        raise OpenAIError(
+            400,
+            f"at most {MAX_STOP_STRINGS} stop strings of {MAX_STOP_STRING_LEN} characters",
+            "stop",
+        )
+    return stops
+
+
+def _sampling(body: _SamplingBody, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
+    if body.top_k is not None and body.top_k < -1:
+        raise OpenAIError(400, f"top_k must be -1 or 0 (off) or >= 1; got {body.top_k}", "top_k")
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        raise OpenAIError(
+            400, f"logprobs must be in [0, {MAX_LOGPROBS}]; got {logprobs}", "logprobs"
+        )
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        min_tokens=body.min_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=top_k,
+        min_p=body.min_p,
+        seed=body.seed,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
+        stop_token_ids=list(body.stop_token_ids),
+        ignore_eos=body.ignore_eos,
+        logprobs=logprobs,
+    )
+    validate_sampling_params(params)
+    return params
+
+
+def _state(
+    intake: Intake,
+    body: _SamplingBody,
+    prompt: list[int],
+    max_tokens: int,
+    logprobs: int | None,
+    request_id: str,
+) -> RequestState:
+    params = _sampling(body, max_tokens, logprobs)
+    intake.check_token_ids(params.stop_token_ids)
+    return intake.make_state(
+        request_id=body.request_id or request_id,
+        prompt=prompt,
+        params=params,
+        stop=_stop_strings(body.stop),
+        priority=body.priority,
+        tenant=body.tenant or None,
+        deadline_s=body.deadline or 0.0,
+        skip_special_tokens=body.skip_special_tokens,
+    )
+
+
+def completion_prompt(intake: Intake, prompt) -> list[int]:
+    """A string, a list of token ids, or a one-element list of either."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) != 1:
+            raise OpenAIError(
+                400,
+                f"one prompt per request (got {len(prompt)}); send them as separate requests",
+                "prompt",
+            )
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise OpenAIError(400, "the prompt is empty", "prompt")
+        return intake.tokenizer.encode(prompt)
+    if not prompt:
+        raise OpenAIError(400, "the prompt is empty", "prompt")
+    return intake.check_token_ids(list(prompt))
+
+
+def build_completion(intake: Intake, body: CompletionRequest) -> RequestState:
+    _common_checks(body)
+    if body.suffix:
+        raise OpenAIError(400, "suffix is not supported", "suffix")
+    if body.best_of not in (None, 1):
+        raise OpenAIError(400, "best_of must be 1", "best_of")
+    if body.echo and body.logprobs is not None:
+        raise OpenAIError(400, "echo with logprobs (prompt logprobs) is not supported", "echo")
+    try:
+        prompt = completion_prompt(intake, body.prompt)
+        max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+        return _state(intake, body, prompt, max_tokens, body.logprobs, f"cmpl-{uuid.uuid4().hex}")
+    except RequestRejected as exc:
+        raise OpenAIError(400, str(exc), None, "invalid_request") from exc
+
+
+def chat_messages(body: ChatCompletionRequest) -> list[dict]:
+    messages = []
+    for i, m in enumerate(body.messages):
+        if isinstance(m.content, list):
+            texts = []
+            for part in m.content:
+                if part.type != "text" or part.text is None:
+                    raise OpenAIError(
+                        400,
+                        f"messages[{i}]: content part of type {part.type!r} is not supported; "
+                        "this server takes text only",
+                        f"messages.{i}.content",
+                    )
+                texts.append(part.text)
+            content = "\n".join(texts)
+        else:
+            content = m.content or ""
+        role = "system" if m.role == "developer" else m.role
+        messages.append({"role": role, "content": content})
+    return messages
+
+
+def build_chat(intake: Intake, body: ChatCompletionRequest) -> RequestState:
+    _common_checks(body)
+    if body.tools:
+        raise OpenAIError(400, "tools (function calling) are not supported", "tools")
+    fmt = (body.response_format or {}).get("type", "text")
+    if fmt != "text":
+        raise OpenAIError(
+            400, f"response_format {fmt!r} is not supported; only text", "response_format"
+        )
+    if body.top_logprobs is not None and not body.logprobs:
+        raise OpenAIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    if body.max_tokens is not None and body.max_completion_tokens is not None:
+        if body.max_tokens != body.max_completion_tokens:
+            raise OpenAIError(
+                400, "max_tokens and max_completion_tokens differ; send one", "max_tokens"
+            )
+    try:
+        prompt = intake.render_chat(chat_messages(body))
+        max_tokens = body.max_completion_tokens
+        if max_tokens is None:
+            max_tokens = body.max_tokens
+        if max_tokens is None:  # as much as fits
+            max_tokens = max(1, intake.max_model_len - len(prompt))
+        return _state(intake, body, prompt, max_tokens, logprobs, f"chatcmpl-{uuid.uuid4().hex}")
+    except RequestRejected as exc:
+        raise OpenAIError(400, str(exc), None, "invalid_request") from exc

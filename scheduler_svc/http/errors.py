@@ -1,0 +1,128 @@
+"""Errors in OpenAI's JSON shape: {"error": {"message", "type", "param", "code"}}."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from common.logging import get_logger
+
+log = get_logger("splitserve.http")
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable_error",
+}
+
+# a StreamDelta's error_code (a grpc.StatusCode name) -> HTTP status
+STATUS_FOR_CODE = {
+    "INVALID_ARGUMENT": 400,
+    "FAILED_PRECONDITION": 400,
+    "OUT_OF_RANGE": 400,
+    "UNAUTHENTICATED": 401,
+    "PERMISSION_DENIED": 403,
+    "NOT_FOUND": 404,
+    "RESOURCE_EXHAUSTED": 429,
+    "DEADLINE_EXCEEDED": 408,
+    "UNAVAILABLE": 503,
+    "CANCELLED": 499,
+}
+
+
+class OpenAIError(Exception):
+    """Raised by route code; rendered as OpenAI's error body with this status."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    @classmethod
+    def from_error_code(cls, error_code: str, message: str) -> OpenAIError:
+        status = STATUS_FOR_CODE.get(error_code, 500)
+        return cls(status, message, code=error_code.lower() if error_code else None)
+
+
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | int | None = None
+) -> dict:
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(
+                status, "server_error" if status >= 500 else "invalid_request_error"
+            ),
+            "param": param,
+            "code": code if code is not None else status,
+        }
+    }
+
+
+def error_response(
+    status: int, message: str, param: str | None = None, code: str | int | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "the request body is not valid", None
+    parts, first_param = [], None
+    for err in errors[:3]:
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        param = ".".join(loc) or None
+        first_param = first_param or param
+        msg = err.get("msg", "is not valid")
+        if err.get("type") == "extra_forbidden":
+            msg = "is not a parameter this server knows (check its spelling)"
+        elif err.get("type") == "json_invalid":
+            msg = "the request body is not valid JSON"
+            param = None
+        parts.append(f"{param}: {msg}" if param else msg)
+    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+    return "; ".join(parts) + more, first_param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param, exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(400, message, param, "invalid_request")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            message = (
+                f"no route {request.method} {request.url.path}; the API is under /v1 "
+                "(/v1/completions, /v1/chat/completions, /v1/models)"
+            )
+            return error_response(404, message, None, "not_found")
+        if exc.status_code == 405:
+            return error_response(
+                405, f"{request.method} is not allowed on {request.url.path}", None
+            )
+        return error_response(exc.status_code, str(exc.detail), None)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("http_internal_error", path=request.url.path)
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", None)

@@ -1,0 +1,129 @@
+"""OpenAI response bodies and stream chunks built from a request's StreamDeltas."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from common.convert import TokenLogprobs
+from scheduler_svc.request_state import StreamDelta
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+@dataclass(slots=True)
+class ResponseFormatter:
+    """Knows one request's id, model and kind; turns deltas into OpenAI JSON objects."""
+
+    chat: bool
+    request_id: str
+    model: str
+    prompt_tokens: int
+    tokenizer: object
+    want_logprobs: bool = False
+    echo_text: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+    text_offset: int = 0  # completions logprobs: characters before the next token
+
+    # ---- pieces ---------------------------------------------------------------------------
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _chat_logprob(self, token_id: int, logprob: float) -> dict:
+        text = self._token_text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    def logprobs(self, entries: list[TokenLogprobs] | None) -> dict | None:
+        if not self.want_logprobs:
+            return None
+        entries = entries or []
+        if self.chat:
+            return {
+                "content": [
+                    {
+                        **self._chat_logprob(e.token_id, e.logprob),
+                        "top_logprobs": [self._chat_logprob(t, lp) for t, lp in e.top],
+                    }
+                    for e in entries
+                ]
+            }
+        tokens, offsets = [], []
+        for e in entries:
+            text = self._token_text(e.token_id)
+            tokens.append(text)
+            offsets.append(self.text_offset)
+            self.text_offset += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{self._token_text(t): lp for t, lp in e.top} for e in entries],
+            "text_offset": offsets,
+        }
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
+
+    # ---- streaming ------------------------------------------------------------------------
+    def first_chat_chunk(self) -> dict:
+        return {
+            **self._head("chat.completion.chunk"),
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+        }
+
+    def chunk(self, delta: StreamDelta, text_prefix: str = "") -> dict:
+        finish = str(delta.finish_reason) if delta.finish_reason is not None else None
+        text = text_prefix + delta.text
+        choice: dict = {"index": 0}
+        if self.chat:
+            choice["delta"] = {"content": text} if text or finish is None else {}
+        else:
+            choice["text"] = text
+        choice["logprobs"] = self.logprobs(delta.logprobs)
+        choice["finish_reason"] = finish
+        if finish is not None:
+            choice["stop_reason"] = delta.stop_reason or None
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {**self._head(obj), "choices": [choice]}
+
+    def usage_chunk(self, completion_tokens: int) -> dict:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {
+            **self._head(obj),
+            "choices": [],
+            "usage": usage(self.prompt_tokens, completion_tokens),
+        }
+
+    # ---- whole response -------------------------------------------------------------------
+    def response(self, deltas: list[StreamDelta]) -> dict:
+        text = self.echo_text + "".join(d.text for d in deltas)
+        last = deltas[-1] if deltas else None
+        entries = [e for d in deltas for e in (d.logprobs or ())]
+        finish = str(last.finish_reason) if last and last.finish_reason is not None else None
+        completion_tokens = last.num_output_tokens if last else 0
+        choice: dict = {"index": 0}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        choice["logprobs"] = self.logprobs(entries)
+        choice["finish_reason"] = finish
+        choice["stop_reason"] = (last.stop_reason or None) if last else None
+        obj = "chat.completion" if self.chat else "text_completion"
+        return {
+            **self._head(obj),
+            "choices": [choice],
+            "usage": usage(self.prompt_tokens, completion_tokens),
+        }

@@ -1,0 +1,189 @@
+"""/v1/completions, /v1/chat/completions, /v1/models: OpenAI's API over the ServingEngine."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from common.logging import get_logger
+from scheduler_svc.core import RequestRejected
+from scheduler_svc.http.build import build_chat, build_completion, check_model
+from scheduler_svc.http.context import HttpContext
+from scheduler_svc.http.errors import OpenAIError, error_body
+from scheduler_svc.http.format import ResponseFormatter, usage
+from scheduler_svc.http.protocol import ChatCompletionRequest, CompletionRequest
+from scheduler_svc.http.streams import DisconnectWatcher, sse
+from scheduler_svc.request_state import RequestState, StreamDelta
+
+log = get_logger("splitserve.http")
+CLIENT_CLOSED = 499  # nginx's status for "the client closed the connection"
+
+
+def openai_router(ctx: HttpContext) -> APIRouter:
+    router = APIRouter(prefix="/v1")
+    engine, intake = ctx.engine, ctx.intake
+
+    def model_card() -> dict:
+        return {
+            "id": intake.model_name,
+            "object": "model",
+            "created": int(ctx.started_at),
+            "owned_by": "splitserve",
+            "root": engine.model_name,
+            "max_model_len": intake.max_model_len,
+        }
+
+    @router.get("/models")
+    async def list_models() -> dict:
+        return {"object": "list", "data": [model_card()]}
+
+    @router.get("/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict:
+        check_model(intake, model_id)
+        return model_card()
+
+    @router.post("/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        check_model(intake, body.model)
+        state = _built(ctx, lambda: build_completion(intake, body))
+        fmt = ResponseFormatter(
+            chat=False,
+            request_id=state.request_id,
+            model=body.model or intake.model_name,
+            prompt_tokens=len(state.prompt_token_ids),
+            tokenizer=intake.tokenizer,
+            want_logprobs=body.logprobs is not None,
+            echo_text=intake.tokenizer.decode(state.prompt_token_ids) if body.echo else "",
+        )
+        return await _serve(ctx, request, state, fmt, body.stream, body.stream_options)
+
+    @router.post("/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        check_model(intake, body.model)
+        state = _built(ctx, lambda: build_chat(intake, body))
+        fmt = ResponseFormatter(
+            chat=True,
+            request_id=state.request_id,
+            model=body.model or intake.model_name,
+            prompt_tokens=len(state.prompt_token_ids),
+            tokenizer=intake.tokenizer,
+            want_logprobs=body.logprobs,
+        )
+        return await _serve(ctx, request, state, fmt, body.stream, body.stream_options)
+
+    return router
+
+
+def _built(ctx: HttpContext, build) -> RequestState:
+    try:
+        return build()
+    except OpenAIError:
+        ctx.engine.observer.on_request_rejected("invalid")
+        raise
+
+
+async def _serve(
+    ctx: HttpContext, request: Request, state: RequestState, fmt: ResponseFormatter, stream, opts
+) -> Response:
+    engine = ctx.engine
+    try:
+        engine.submit(state)
+    except RequestRejected as exc:
+        engine.observer.on_request_rejected("invalid")
+        raise OpenAIError(400, str(exc), None, "invalid_request") from exc
+    log.info(
+        "request_accepted",
+        request_id=state.request_id,
+        api="http",
+        prompt_tokens=fmt.prompt_tokens,
+        max_tokens=state.params.max_tokens,
+        stream=bool(stream),
+    )
+    watcher = DisconnectWatcher(request.receive)
+    streaming = False
+    try:
+        # wait for the first delta before answering, so an early error gets its HTTP status
+        first = await watcher.next(state)
+        if first is None:
+            return _gone(state)
+        if first.error:
+            raise OpenAIError.from_error_code(first.error_code, first.error)
+        headers = {"X-Request-Id": state.request_id}
+        if stream:
+            streaming = True
+            events = _events(ctx, state, fmt, first, watcher, opts)
+            return StreamingResponse(
+                events,
+                media_type="text/event-stream",
+                headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        deltas = [first]
+        while deltas[-1].finish_reason is None:
+            delta = await watcher.next(state)
+            if delta is None:
+                return _gone(state)
+            if delta.error:
+                raise OpenAIError.from_error_code(delta.error_code, delta.error)
+            deltas.append(delta)
+        _log_finished(state, deltas[-1])
+        return JSONResponse(fmt.response(deltas), headers=headers)
+    finally:
+        if not streaming:  # the stream's generator cleans up after itself
+            watcher.close()
+            if not state.finished:
+                engine.drop(state.request_id)
+
+
+def _gone(state: RequestState) -> Response:
+    log.info("request_cancelled", request_id=state.request_id, api="http")
+    return Response(status_code=CLIENT_CLOSED)
+
+
+def _log_finished(state: RequestState, last: StreamDelta) -> None:
+    log.info(
+        "request_finished",
+        request_id=state.request_id,
+        api="http",
+        finish_reason=str(last.finish_reason),
+        output_tokens=last.num_output_tokens,
+        worker_id=last.worker_id,
+    )
+
+
+async def _events(ctx, state, fmt: ResponseFormatter, first, watcher: DisconnectWatcher, opts):
+    include_usage = bool(opts and opts.include_usage)
+    continuous = bool(opts and opts.continuous_usage_stats)
+    try:
+        if fmt.chat:
+            head = fmt.first_chat_chunk()
+            if include_usage:
+                head["usage"] = usage(fmt.prompt_tokens, 0) if continuous else None
+            yield sse(head)
+        delta: StreamDelta | None = first
+        prefix = fmt.echo_text
+        while delta is not None:
+            if delta.error:
+                err = OpenAIError.from_error_code(delta.error_code, delta.error)
+                yield sse(error_body(err.status, err.message, None, err.code))
+                break
+            chunk = fmt.chunk(delta, prefix)
+            prefix = ""
+            if include_usage:
+                chunk["usage"] = (
+                    usage(fmt.prompt_tokens, delta.num_output_tokens) if continuous else None
+                )
+            yield sse(chunk)
+            if delta.finish_reason is not None:
+                _log_finished(state, delta)
+                if include_usage:
+                    yield sse(fmt.usage_chunk(delta.num_output_tokens))
+                break
+            delta = await watcher.next(state)
+        if delta is None:
+            log.info("request_cancelled", request_id=state.request_id, api="http")
+            return
+        yield sse("[DONE]")
+    finally:
+        watcher.close()
+        if not state.finished:  # client gone (or the server stopping the response)
+            ctx.engine.drop(state.request_id)

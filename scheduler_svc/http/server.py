@@ -1,0 +1,69 @@
+"""Run uvicorn inside the scheduler's asyncio loop, next to the gRPC servers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+import uvicorn
+
+from common.logging import get_logger
+
+log = get_logger("splitserve.http")
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """The scheduler owns SIGINT/SIGTERM; uvicorn must not install its own handlers."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind now, so a taken port fails the scheduler at start with a clear error."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen for HTTP on {host}:{port}: {exc.strerror}") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+class HttpServer:
+    def __init__(self, app, host: str, port: int, graceful_timeout: float = 2.0) -> None:
+        self.sock = bind_socket(host, port)
+        self.port = self.sock.getsockname()[1]
+        config = uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=graceful_timeout,
+            timeout_keep_alive=30,
+        )
+        self.server = _EmbeddedServer(config)
+        self.task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self.task = asyncio.create_task(self.server.serve(sockets=[self.sock]))
+        while not self.server.started:
+            if self.task.done():
+                self.task.result()  # raises what stopped it
+                raise RuntimeError("the HTTP server stopped while starting")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        if self.task is None:
+            return
+        self.server.should_exit = True
+        try:
+            await self.task
+        finally:
+            self.sock.close()

@@ -1,0 +1,266 @@
+"""Prometheus metrics, names parallel to vLLM's with the `splitserve:` prefix.
+
+Request-level counters and latency histograms are updated by the engine's observer hooks;
+per-worker gauges and counters (running, waiting, KV usage, preemptions, prefix cache, ...) are
+read from `engine.worker_stats()` at scrape time by a custom collector, labelled `worker`.
+Everything lives in the observer's own CollectorRegistry (nothing global).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from scheduler_svc.core import FinishReason
+from scheduler_svc.observer import EngineObserver
+
+if TYPE_CHECKING:
+    from scheduler_svc.core import SchedulerOutput
+    from scheduler_svc.engine import ServingEngine, StepReply, WorkerSession
+    from scheduler_svc.request_state import RequestState
+
+P = "splitserve:"
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                   50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
+                1.0, 2.5, 5.0, 10.0)  # fmt: skip
+TOKENS_PER_STEP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+class ObserverGroup(EngineObserver):
+    """Fans every hook out to several observers (metrics and the dashboard's history).
+    Hooks added to EngineObserver later are forwarded too."""
+
+    def __init__(self, *observers: EngineObserver) -> None:
+        self.observers = observers
+
+    def __getattribute__(self, name: str):
+        if name.startswith("on_"):
+            hooks = [getattr(o, name) for o in object.__getattribute__(self, "observers")]
+
+            def call(*args, **kwargs) -> None:
+                for hook in hooks:
+                    hook(*args, **kwargs)
+
+            return call
+        return object.__getattribute__(self, name)
+
+
+class WorkerCollector(Collector):
+    """Per-worker gauges and counters read from the engine when Prometheus scrapes."""
+
+    def __init__(self, engine: ServingEngine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterable:
+        engine = self.engine
+        lw = ["worker"]
+        g = {
+            "running": GaugeMetricFamily(
+                P + "num_requests_running", "Requests running on the worker", labels=lw
+            ),
+            "waiting": GaugeMetricFamily(
+                P + "num_requests_waiting",
+                "Requests waiting in the worker's scheduler (see num_requests_queued for the "
+                "global queue)",
+                labels=lw,
+            ),
+            "swapped": GaugeMetricFamily(
+                P + "num_requests_swapped", "Requests swapped out to host memory", labels=lw
+            ),
+            "kv": GaugeMetricFamily(
+                P + "kv_cache_usage_perc", "KV cache usage, 0..1 (1 = full)", labels=lw
+            ),
+            "blocks_used": GaugeMetricFamily(
+                P + "kv_cache_blocks_used", "KV blocks in use", labels=lw
+            ),
+            "blocks_total": GaugeMetricFamily(
+                P + "kv_cache_blocks_total", "KV blocks the worker has", labels=lw
+            ),
+        }
+        c = {
+            "num_preemptions": CounterMetricFamily(P + "num_preemptions", "Preemptions", labels=lw),
+            "prefix_cache_queries": CounterMetricFamily(
+                P + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache", labels=lw
+            ),
+            "prefix_cache_hits": CounterMetricFamily(
+                P + "prefix_cache_hits", "Prompt tokens found in the prefix cache", labels=lw
+            ),
+            "num_recomputed_tokens": CounterMetricFamily(
+                P + "recomputed_tokens", "Tokens computed again after a preemption", labels=lw
+            ),
+            "num_prefill_tokens": CounterMetricFamily(
+                P + "scheduled_prefill_tokens", "Tokens scheduled as prefill", labels=lw
+            ),
+            "num_decode_tokens": CounterMetricFamily(
+                P + "scheduled_decode_tokens", "Tokens scheduled as decode", labels=lw
+            ),
+            "num_steps": CounterMetricFamily(P + "scheduler_steps", "schedule() calls", labels=lw),
+        }
+        sessions = 0
+        for session, stats in engine.worker_stats():
+            if session.lost:
+                continue
+            sessions += 1
+            w = [session.worker_id]
+            g["running"].add_metric(w, stats.num_running)
+            g["waiting"].add_metric(w, stats.num_waiting)
+            g["swapped"].add_metric(w, getattr(stats, "num_swapped", 0))
+            g["kv"].add_metric(w, stats.kv_usage)
+            g["blocks_used"].add_metric(w, stats.num_used_blocks)
+            g["blocks_total"].add_metric(w, stats.num_total_blocks)
+            for name, family in c.items():
+                family.add_metric(w, getattr(stats, name, 0))
+        yield from g.values()
+        yield from c.values()
+        yield GaugeMetricFamily(P + "workers_attached", "Workers attached", value=sessions)
+        queued = getattr(engine, "num_waiting", None)
+        if queued is None:  # engines without a global queue
+            queued = len(getattr(engine, "unassigned", ()))
+        yield GaugeMetricFamily(
+            P + "num_requests_queued", "Requests in the global queue, on no worker yet",
+            value=queued,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            P + "num_requests_in_flight", "Requests accepted and not finished",
+            value=len(engine.requests),
+        )  # fmt: skip
+
+
+class MetricsObserver(EngineObserver):
+    def __init__(self, engine: ServingEngine | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.prompt_tokens = Counter(P + "prompt_tokens", "Prefilled prompt tokens", registry=r)
+        self.generation_tokens = Counter(
+            P + "generation_tokens", "Generated tokens delivered to clients", registry=r
+        )
+        self.request_success = Counter(
+            P + "request_success", "Finished requests by finish reason",
+            ["finished_reason"], registry=r,
+        )  # fmt: skip
+        self.request_rejected = Counter(
+            P + "request_rejected", "Requests refused before entering the engine", ["reason"],
+            registry=r,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            P + "time_to_first_token_seconds", "Time to first token", buckets=TTFT_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.itl = Histogram(
+            P + "inter_token_latency_seconds", "Time between two deliveries of tokens",
+            buckets=TOKEN_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tpot = Histogram(
+            P + "time_per_output_token_seconds", "Mean time per output token after the first",
+            buckets=TOKEN_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            P + "e2e_request_latency_seconds", "Arrival to finish", buckets=REQUEST_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.queue_time = Histogram(
+            P + "request_queue_time_seconds", "Arrival to first scheduled",
+            buckets=REQUEST_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.prompt_len = Histogram(
+            P + "request_prompt_tokens", "Prompt length", buckets=TOKENS_PER_STEP_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.output_len = Histogram(
+            P + "request_generation_tokens", "Output length", buckets=TOKENS_PER_STEP_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.step_time = Histogram(
+            P + "step_time_seconds", "Scheduler-side round trip of one step", ["worker"],
+            buckets=STEP_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.forward_time = Histogram(
+            P + "forward_time_seconds", "Worker's forward pass of one step", ["worker"],
+            buckets=STEP_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.step_tokens = Histogram(
+            P + "step_scheduled_tokens", "Tokens scheduled in one step", ["worker"],
+            buckets=TOKENS_PER_STEP_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.worker_events = Counter(
+            P + "worker_events", "Workers attaching and detaching", ["event"], registry=r
+        )
+        for reason in FinishReason:  # every label value present from the start (at 0)
+            self.request_success.labels(finished_reason=str(reason))
+        self._not_scheduled: dict[str, float] = {}  # request id -> arrival, until first step
+        self._last_delivery: dict[str, float] = {}
+        if engine is not None:
+            self.bind(engine)
+
+    def bind(self, engine: ServingEngine) -> None:
+        self.registry.register(WorkerCollector(engine))
+
+    # ---- hooks ----------------------------------------------------------------------------
+    def on_request_accepted(self, state: RequestState) -> None:
+        self._not_scheduled[state.request_id] = state.arrival_time
+
+    def on_request_rejected(self, reason: str) -> None:
+        self.request_rejected.labels(reason=reason).inc()
+
+    def on_step(
+        self, session: WorkerSession, out: SchedulerOutput, reply: StepReply, step_s: float
+    ) -> None:
+        worker = session.worker_id
+        self.step_time.labels(worker=worker).observe(step_s)
+        self.forward_time.labels(worker=worker).observe(reply.forward_time_s)
+        self.step_tokens.labels(worker=worker).observe(out.total_num_scheduled_tokens)
+        if self._not_scheduled and out.new_requests:
+            scheduled_at = time.monotonic() - step_s
+            for new in out.new_requests:
+                arrival = self._not_scheduled.pop(new.request_id, None)
+                if arrival is not None:
+                    self.queue_time.observe(max(0.0, scheduled_at - arrival))
+
+    def on_tokens(self, state: RequestState, num_new: int, now: float) -> None:
+        self.generation_tokens.inc(num_new)
+        request_id = state.request_id
+        previous = self._last_delivery.get(request_id)
+        self._last_delivery[request_id] = now
+        if previous is not None:
+            self.itl.observe(now - previous)
+        elif len(state.output_token_ids) == num_new:  # the very first tokens (not a migration)
+            self.ttft.observe(now - state.arrival_time)
+            self.prompt_tokens.inc(len(state.prompt_token_ids))
+
+    def on_request_finished(self, state: RequestState) -> None:
+        request_id = state.request_id
+        self._not_scheduled.pop(request_id, None)
+        self._last_delivery.pop(request_id, None)
+        reason = state.finish_reason
+        self.request_success.labels(finished_reason=str(reason)).inc()
+        if reason is FinishReason.ERROR:
+            return
+        end = state.finish_time if state.finish_time is not None else time.monotonic()
+        self.e2e.observe(max(0.0, end - state.arrival_time))
+        self.prompt_len.observe(len(state.prompt_token_ids))
+        n = len(state.output_token_ids)
+        self.output_len.observe(n)
+        first, last = state.first_token_time, state.last_token_time
+        if n > 1 and first is not None and last is not None:
+            self.tpot.observe((last - first) / (n - 1))
+
+    def on_worker_attached(self, session: WorkerSession) -> None:
+        self.worker_events.labels(event="attached").inc()
+
+    def on_worker_detached(self, session: WorkerSession, reason: str) -> None:
+        self.worker_events.labels(event="detached").inc()
+        for family in (self.step_time, self.forward_time, self.step_tokens):
+            try:
+                family.remove(session.worker_id)
+            except KeyError:
+                pass

@@ -1,0 +1,352 @@
+"""The HTTP app in-process: real tokenizer, fake workers (no model, no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from common.tokenizer import load_tokenizer
+from scheduler_svc.dashboard.history import DashboardHistory
+from scheduler_svc.http import HttpContext, create_app
+from scheduler_svc.intake import Intake
+from scheduler_svc.metrics import MetricsObserver, ObserverGroup
+from tests.unit.test_engine import FakeWorker, make_engine, reference, registration, run_session
+
+TOK = load_tokenizer(None)
+MODEL = "fake"
+
+
+def run(fn, workers: int = 1, api_key: str = "", **engine_overrides):
+    async def main():
+        engine = make_engine(**engine_overrides)
+        intake = Intake(TOK, MODEL, {MODEL}, 512)
+        metrics, history = MetricsObserver(engine), DashboardHistory(engine)
+        engine.observer = ObserverGroup(metrics, history)
+        ctx = HttpContext(engine, intake, api_key, metrics, history)
+        sessions = [engine.attach(registration(f"w{i}"), FakeWorker()) for i in range(workers)]
+        tasks = [asyncio.create_task(run_session(engine, s)) for s in sessions]
+        transport = httpx.ASGITransport(app=create_app(ctx))
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                return await fn(client, ctx)
+        finally:
+            for s in sessions:
+                s.mark_lost("test over")
+            await asyncio.gather(*tasks)
+
+    return asyncio.run(main())
+
+
+def sse_events(body: str) -> list:
+    events = []
+    for block in body.split("\n\n"):
+        if block.startswith("data: "):
+            data = block[len("data: ") :]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def expected_text(prompt_ids: list[int], n: int) -> str:
+    """What the fake worker's tokens decode to (an incomplete last character is held back)."""
+    return TOK.decode(reference(prompt_ids, n)).rstrip("\ufffd")
+
+
+def test_completion_not_streamed_counts_usage_and_text():
+    async def body(client, ctx):
+        r = await client.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": "Hello world", "max_tokens": 5, "temperature": 0},
+        )
+        assert r.status_code == 200, r.text
+        return r.json(), r.headers
+
+    out, headers = run(body)
+    ids = TOK.encode("Hello world")
+    assert out["object"] == "text_completion" and out["id"].startswith("cmpl-")
+    assert headers["x-request-id"] == out["id"]
+    assert out["usage"] == {
+        "prompt_tokens": len(ids),
+        "completion_tokens": 5,
+        "total_tokens": len(ids) + 5,
+    }
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert choice["text"] == expected_text(ids, 5)
+
+
+def test_completion_with_token_ids_streams_chunks_usage_and_done():
+    prompt = [100, 200, 300, 400]
+
+    async def body(client, ctx):
+        r = await client.post(
+            "/v1/completions",
+            json={
+                "prompt": prompt,
+                "max_tokens": 6,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"].startswith("text/event-stream")
+        return sse_events(r.text)
+
+    events = run(body)
+    assert events[-1] == "[DONE]"
+    usage = events[-2]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 6
+    assert usage["usage"]["prompt_tokens"] == 4
+    chunks = events[:-2]
+    assert all(c["usage"] is None for c in chunks)
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    assert "".join(c["choices"][0]["text"] for c in chunks) == expected_text(prompt, 6)
+
+
+def test_chat_streamed_and_not_agree():
+    messages = [{"role": "user", "content": "Say something"}]
+
+    async def body(client, ctx):
+        whole = await client.post(
+            "/v1/chat/completions", json={"messages": messages, "max_tokens": 4}
+        )
+        streamed = await client.post(
+            "/v1/chat/completions",
+            json={"messages": messages, "max_completion_tokens": 4, "stream": True},
+        )
+        return whole.json(), sse_events(streamed.text)
+
+    whole, events = run(body)
+    ids = TOK.apply_chat_template(messages)
+    assert whole["object"] == "chat.completion"
+    assert whole["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": expected_text(ids, 4),
+    }
+    assert whole["usage"]["prompt_tokens"] == len(ids)
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert events[-1] == "[DONE]"
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1])
+    assert text == whole["choices"][0]["message"]["content"]
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def test_stop_string_ends_the_completion_before_it():
+    prompt = [11, 22, 33]
+    full = expected_text(prompt, 12)
+    stop = full[8:11]
+    assert stop and stop in full
+
+    async def body(client, ctx):
+        r = await client.post(
+            "/v1/completions", json={"prompt": prompt, "max_tokens": 12, "stop": [stop]}
+        )
+        return r.json()
+
+    out = run(body)
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["stop_reason"] == stop
+    assert choice["text"] == full[: full.index(stop)]
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "needle"),
+    [
+        ({"prompt": "x", "temperature": -1}, 400, "temperature"),
+        ({"prompt": "x", "n": 2}, 400, "n must be 1"),
+        ({"prompt": "x", "max_tokenz": 3}, 400, "max_tokenz"),
+        ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
+        ({"prompt": ""}, 400, "empty"),
+        ({"prompt": [10**6]}, 400, "outside the vocabulary"),
+        ({"prompt": ["a", "b"]}, 400, "one prompt per request"),
+        ({"prompt": "x", "top_p": 0}, 400, "top_p"),
+        ({"prompt": "x", "model": "gpt-9"}, 404, "unknown model"),
+        ({"prompt": list(range(20, 600))}, 400, "max_model_len"),
+    ],
+)
+def test_bad_requests_get_openai_error_bodies(payload, status, needle):
+    async def body(client, ctx):
+        return await client.post("/v1/completions", json=payload)
+
+    r = run(body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert needle in err["message"]
+    assert err["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+
+
+def test_invalid_json_unknown_route_and_models():
+    async def body(client, ctx):
+        bad = await client.post(
+            "/v1/completions", content=b"{nope", headers={"content-type": "application/json"}
+        )
+        missing = await client.get("/v1/nothing")
+        models = await client.get("/v1/models")
+        one = await client.get(f"/v1/models/{MODEL}")
+        other = await client.get("/v1/models/other")
+        return bad, missing, models, one, other
+
+    bad, missing, models, one, other = run(body)
+    assert bad.status_code == 400 and "JSON" in bad.json()["error"]["message"]
+    assert missing.status_code == 404 and "/v1/completions" in missing.json()["error"]["message"]
+    assert models.json()["data"][0]["id"] == MODEL
+    assert one.json()["id"] == MODEL and one.json()["max_model_len"] == 512
+    assert other.status_code == 404
+
+
+def test_no_worker_is_503_and_ready_is_kept_apart_from_health():
+    async def body(client, ctx):
+        health = await client.get("/health")
+        ready = await client.get("/ready")
+        r = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        s = await client.post(
+            "/v1/completions", json={"prompt": "x", "max_tokens": 2, "stream": True}
+        )
+        return health, ready, r, s
+
+    health, ready, r, s = run(body, workers=0)
+    assert health.status_code == 200
+    assert ready.status_code == 503
+    assert r.status_code == 503 and "no worker" in r.json()["error"]["message"]
+    assert r.json()["error"]["type"] == "service_unavailable_error"
+    assert s.status_code == 503  # a stream that never started answers with a status, too
+
+
+def test_ready_with_a_worker():
+    async def body(client, ctx):
+        return await client.get("/ready")
+
+    r = run(body)
+    assert r.status_code == 200 and r.json()["workers"] == ["w0"]
+
+
+def test_api_key_guards_the_api_but_not_probes_metrics_or_dashboard():
+    async def body(client, ctx):
+        out = {}
+        out["none"] = await client.get("/v1/models")
+        out["wrong"] = await client.get("/v1/models", headers={"Authorization": "Bearer nope"})
+        out["basic"] = await client.get("/v1/models", headers={"Authorization": "Basic abc"})
+        out["right"] = await client.get("/v1/models", headers={"Authorization": "Bearer s3cret"})
+        out["post"] = await client.post("/v1/completions", json={"prompt": "x"})
+        for path in ("/health", "/ready", "/metrics", "/dashboard", "/dashboard/api/state"):
+            out[path] = await client.get(path)
+        return out
+
+    out = run(body, api_key="s3cret")
+    for key in ("none", "wrong", "basic", "post"):
+        assert out[key].status_code == 401, key
+        assert out[key].json()["error"]["type"] == "authentication_error"
+    assert "API key" in out["none"].json()["error"]["message"]
+    assert out["right"].status_code == 200
+    for path in ("/health", "/ready", "/metrics", "/dashboard", "/dashboard/api/state"):
+        assert out[path].status_code == 200, path
+
+
+def metric_values(text: str) -> dict:
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            key = s.name + "".join(f"|{k}={v}" for k, v in sorted(s.labels.items()))
+            values[key] = s.value
+    return values
+
+
+def test_metrics_move_with_requests():
+    async def body(client, ctx):
+        before = metric_values((await client.get("/metrics")).text)
+        for i in range(3):
+            r = await client.post(
+                "/v1/completions", json={"prompt": [5, 6, 7 + i], "max_tokens": 4 + i}
+            )
+            assert r.status_code == 200
+        await client.post("/v1/completions", json={"prompt": "x", "temperature": -1})
+        after = metric_values((await client.get("/metrics")).text)
+        return before, after
+
+    before, after = run(body)
+
+    def delta(key):
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta("splitserve:generation_tokens_total") == 4 + 5 + 6
+    assert delta("splitserve:prompt_tokens_total") == 9
+    assert delta("splitserve:time_to_first_token_seconds_count") == 3
+    assert delta("splitserve:e2e_request_latency_seconds_count") == 3
+    assert delta("splitserve:request_queue_time_seconds_count") == 3
+    assert delta("splitserve:inter_token_latency_seconds_count") == 3 + 4 + 5
+    assert delta("splitserve:request_success_total|finished_reason=length") == 3
+    assert delta("splitserve:request_rejected_total|reason=invalid") == 1
+    assert after["splitserve:workers_attached"] == 1
+    assert after["splitserve:kv_cache_usage_perc|worker=w0"] == 0.0
+    assert after["splitserve:num_requests_running|worker=w0"] == 0
+    assert after["splitserve:num_preemptions_total|worker=w0"] == 0
+    assert after["splitserve:step_time_seconds_count|worker=w0"] > 0
+
+
+def test_dashboard_state_has_the_worker_and_its_step_history():
+    async def body(client, ctx):
+        await client.post("/v1/completions", json={"prompt": list(range(40, 80)), "max_tokens": 3})
+        page = await client.get("/dashboard")
+        state = (await client.get("/dashboard/api/state")).json()
+        return page, state
+
+    page, state = run(body)
+    assert page.status_code == 200 and "<canvas" not in page.text  # canvases are made by JS
+    assert "/dashboard/api/state" in page.text
+    (w,) = state["workers"]
+    assert w["worker_id"] == "w0" and w["num_total_blocks"] == 64
+    hist = w["history"]
+    assert sum(hist["prefill"]) == 40 and sum(hist["decode"]) == 2
+    assert len(hist["t"]) == len(hist["kv"]) == len(hist["running"])
+
+
+def test_client_disconnect_mid_stream_drops_the_request():
+    """Drive the ASGI app by hand: read one chunk, then hang up."""
+
+    async def body(client, ctx):
+        app = client._transport.app  # noqa: SLF001
+        payload = json.dumps({"prompt": [1, 2, 3], "max_tokens": 400, "stream": True}).encode()
+        hang_up = asyncio.Event()
+        sent = []
+
+        async def receive():
+            if not sent:
+                sent.append(1)
+                return {"type": "http.request", "body": payload, "more_body": False}
+            await hang_up.wait()
+            return {"type": "http.disconnect"}
+
+        chunks = []
+
+        async def send(message):
+            if message["type"] == "http.response.body" and message.get("body"):
+                chunks.append(message["body"])
+                hang_up.set()
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1", "method": "POST", "scheme": "http", "path": "/v1/completions",
+            "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+            "headers": [(b"content-type", b"application/json")],
+            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+        }  # fmt: skip
+        await asyncio.wait_for(app(scope, receive, send), 10)
+        for _ in range(100):
+            if not ctx.engine.requests:
+                break
+            await asyncio.sleep(0.01)
+        session = ctx.engine.sessions["w0"]
+        await asyncio.sleep(0.05)
+        return chunks, ctx.engine.requests, session.scheduler.stats()
+
+    chunks, in_flight, stats = run(body)
+    assert chunks and not in_flight
+    assert stats.num_running == 0 and stats.num_used_blocks == 0
+    tokens = sum(len(sse_events(c.decode())) for c in chunks)
+    assert tokens < 400
