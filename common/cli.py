@@ -1,4 +1,4 @@
-"""The `splitserve` command: scheduler, worker, up, generate."""
+"""The `splitserve` command: scheduler, worker, up, generate, bench serve."""
 
 from __future__ import annotations
 
@@ -19,10 +19,12 @@ def _scheduler_parser(sub) -> None:
 def _worker_parser(sub) -> None:
     from worker_svc.config import ModelRunnerConfig
     from worker_svc.link import WorkerLinkConfig
+    from worker_svc.sim_runner import SimConfig
 
     p = sub.add_parser("worker", help="run a model worker that dials the scheduler")
     add_dataclass_args(p, WorkerLinkConfig)
     add_dataclass_args(p, ModelRunnerConfig)
+    add_dataclass_args(p, SimConfig)
 
 
 def _up_parser(sub) -> None:
@@ -43,6 +45,17 @@ def _up_parser(sub) -> None:
         help="once a worker is attached, send PROMPT and print the answer",
     )
     add_dataclass_args(p, SchedulerServiceConfig)
+
+
+def _bench_parser(sub) -> None:
+    from common.bench_serve import add_arguments
+
+    p = sub.add_parser("bench", help="benchmarks against a running server")
+    bench = p.add_subparsers(dest="bench_command", required=True)
+    serve = bench.add_parser(
+        "serve", help="load a server (splitserve gRPC or OpenAI HTTP) and report latency"
+    )
+    add_arguments(serve)
 
 
 def _generate_parser(sub) -> None:
@@ -110,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     _scheduler_parser(sub)
     _up_parser(sub)
     _generate_parser(sub)
+    _bench_parser(sub)
     needs_worker = (argv if argv is not None else sys.argv[1:])[:1] == ["worker"]
     if needs_worker:  # importing the worker's config pulls in nothing heavy, but keep it lazy
         _worker_parser(sub)
@@ -126,10 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         from worker_svc.config import ModelRunnerConfig
         from worker_svc.link import WorkerLinkConfig
         from worker_svc.main import main as worker_main
+        from worker_svc.sim_runner import SimConfig
 
         return worker_main(
             dataclass_from_args(WorkerLinkConfig, args),
             dataclass_from_args(ModelRunnerConfig, args),
+            dataclass_from_args(SimConfig, args),
         )
     if args.command == "up":
         from common.launcher import run_up
@@ -137,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_up(args)
     if args.command == "generate":
         return run_generate(args)
+    if args.command == "bench":
+        from common.bench_serve import run as bench_serve
+
+        return bench_serve(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -27,7 +27,11 @@ class SchedulerServiceConfig:
     long_prefill_token_threshold: int = _opt(0, "cap one request's prefill chunk (0 = off)")
     watermark: float = _opt(0.01, "fraction of KV blocks kept free when admitting")
     worker_wait_timeout: float = _opt(30.0, "seconds a request waits for a worker")
-    worker_timeout: float = _opt(20.0, "seconds of silence after which a worker is lost")
+    worker_timeout: float = _opt(10.0, "seconds of silence after which a worker is lost")
+    worker_queue_depth: int = _opt(16, "requests handed to a worker ahead of its admission")
+    placement_min_prefix_tokens: int = _opt(16, "shortest cached prefix that steers placement")
+    placement_balance_abs: int = _opt(8, "a worker this many requests busier than the ...")
+    placement_balance_rel: float = _opt(2.0, "... least loaded, and this factor busier, is skipped")
     max_migrations: int = _opt(3, "times a request may move to another worker before failing")
     worker_secret: str = _opt("", "shared secret workers must present (empty = none)")
     api_key: str = _opt(

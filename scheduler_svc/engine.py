@@ -1,20 +1,24 @@
-"""The serving engine: requests, workers and one step loop per worker. No gRPC in here.
+"""The serving engine: one global waiting queue, workers, one step loop per worker. No gRPC.
 
-Each attached worker gets its own core Scheduler (block pool, running set). A request is placed
-on the least-loaded worker, or waits (up to worker_wait_timeout) until one attaches. When a
-worker is lost, its unfinished requests move to another worker carrying the tokens they already
-produced, so the client's stream continues where it stopped.
+Requests wait in ONE queue ordered by the configured policy, so priority and fairness hold
+across workers. Each attached worker has its own core Scheduler (block pool, running set, a
+short local waiting list); the engine hands it requests from the head of the global queue just
+in time, while its local list is short, choosing the worker by cached prefix and load
+(placement.py). When a worker is lost, its unfinished requests go back to the head of the
+global queue carrying the tokens they already streamed and continue elsewhere by recompute.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from common.convert import TokenLogprobs
 from common.logging import get_logger
+from scheduler_svc import placement
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.core import (
     FinishReason,
@@ -24,6 +28,9 @@ from scheduler_svc.core import (
     SchedulerConfig,
     SchedulerOutput,
     SchedulerStats,
+    create_policy,
+    create_request_queue,
+    validate_request,
 )
 from scheduler_svc.observer import EngineObserver
 from scheduler_svc.request_state import RequestState
@@ -65,8 +72,12 @@ class WorkerSession:
     transport: WorkerTransport
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     request_ids: set[str] = field(default_factory=set)
+    inflight_hashes: Counter = field(default_factory=Counter)  # prefixes on their way here
     lost: bool = False
     lost_reason: str = ""
+    draining: bool = False
+    drain_deadline: float = 0.0
+    num_drained_finished: int = 0
     num_steps: int = 0
     last_forward_time_s: float = 0.0
     attached_at: float = field(default_factory=time.monotonic)
@@ -75,27 +86,37 @@ class WorkerSession:
     def worker_id(self) -> str:
         return self.registration.worker_id
 
+    @property
+    def load(self) -> int:
+        return len(self.request_ids)
+
+    @property
+    def state(self) -> str:
+        return "lost" if self.lost else "draining" if self.draining else "active"
+
     def mark_lost(self, reason: str) -> None:
         if not self.lost:
             self.lost = True
             self.lost_reason = reason
         self.wakeup.set()
 
-    @property
-    def load(self) -> int:
-        return len(self.request_ids)
-
 
 class ServingEngine:
     def __init__(self, config: SchedulerServiceConfig, model_name: str) -> None:
         self.config = config
         self.model_name = model_name
+        self.policy = create_policy(config.scheduling_policy)
+        self.waiting = create_request_queue(self.policy)  # global, core Requests
         self.requests: dict[str, RequestState] = {}
         self.sessions: dict[str, WorkerSession] = {}
-        self.unassigned: dict[str, RequestState] = {}  # waiting for any worker, in arrival order
         self.num_finished = 0
         self.worker_attached = asyncio.Event()
         self.observer = EngineObserver()
+        self.placement = placement.PlacementConfig(
+            min_prefix_tokens=config.placement_min_prefix_tokens,
+            balance_abs=config.placement_balance_abs,
+            balance_rel=config.placement_balance_rel,
+        )
 
     # ---- requests -------------------------------------------------------------------------
     def submit(self, state: RequestState) -> None:
@@ -104,56 +125,103 @@ class ServingEngine:
             raise RequestRejected(
                 f"request id {state.request_id!r} is already in flight; use a unique id"
             )
+        request = state.to_core_request()
+        live = self._live_sessions()
+        if live:  # refuse now what even the largest worker could never run
+            largest = max(live, key=lambda s: s.registration.num_device_blocks)
+            validate_request(request, largest.scheduler.config)
         self.requests[state.request_id] = state
-        try:
-            self._place(state)
-        except RequestRejected:
-            del self.requests[state.request_id]
-            raise
+        state.core = request
+        self.waiting.add(request)
         self.observer.on_request_accepted(state)
+        if not live:
+            self._start_wait_timer(state)
+        self._dispatch()
 
-    def _end(self, state: RequestState) -> None:
-        """Bookkeeping once a request's stream has its last message."""
-        self.requests.pop(state.request_id, None)
-        state.finish_time = time.monotonic()
-        self.num_finished += 1
-        self.observer.on_request_finished(state)
+    @property
+    def num_waiting(self) -> int:
+        """Requests in the global queue (not yet on any worker)."""
+        return len(self.waiting)
 
-    def _place(self, state: RequestState) -> None:
-        session = self._pick_worker()
-        if session is None:
-            self.unassigned[state.request_id] = state
-            loop = asyncio.get_running_loop()
-            state.wait_timer = loop.call_later(
-                self.config.worker_wait_timeout, self._expire_unassigned, state.request_id
+    def _live_sessions(self) -> list[WorkerSession]:
+        return [s for s in self.sessions.values() if not s.lost]
+
+    def _start_wait_timer(self, state: RequestState) -> None:
+        if state.wait_timer is None:
+            state.wait_timer = asyncio.get_running_loop().call_later(
+                self.config.worker_wait_timeout, self._expire_waiting, state.request_id
             )
-            return
-        session.scheduler.add_request(state.to_core_request())
-        state.worker_id = session.worker_id
-        session.request_ids.add(state.request_id)
-        session.wakeup.set()
-        log.debug(
-            "placed",
-            request_id=state.request_id,
-            worker_id=session.worker_id,
-            reason="least_loaded",
-            load=session.load,
-        )
 
-    def _pick_worker(self) -> WorkerSession | None:
-        live = [s for s in self.sessions.values() if not s.lost]
-        return min(live, key=lambda s: s.load) if live else None
+    def _cancel_wait_timer(self, state: RequestState) -> None:
+        if state.wait_timer is not None:
+            state.wait_timer.cancel()
+            state.wait_timer = None
 
-    def _expire_unassigned(self, request_id: str) -> None:
-        state = self.unassigned.pop(request_id, None)
-        if state is None:
+    def _expire_waiting(self, request_id: str) -> None:
+        state = self.requests.get(request_id)
+        if state is None or state.worker_id is not None:
             return
+        state.wait_timer = None
+        self.waiting.remove(request_id)
         state.fail(
             f"no worker attached within {self.config.worker_wait_timeout:g} s; "
             "start a worker (splitserve worker --scheduler HOST:PORT) and retry",
             code="UNAVAILABLE",
         )
         self._end(state)
+
+    def _dispatch(self) -> None:
+        """Hand requests from the head of the global queue to workers with room."""
+        depth = self.config.worker_queue_depth
+        limit = self.config.max_num_seqs + depth
+        while self.waiting:
+            eligible = [
+                s for s in self.sessions.values()
+                if not s.lost and not s.draining and len(s.scheduler.waiting) < depth
+                and s.load < limit
+            ]  # fmt: skip
+            if not eligible:
+                return
+            request = self.waiting.pop()
+            state = self.requests[request.request_id]
+            choice = placement.choose(request, eligible, self.placement)
+            session = choice.session
+            try:
+                session.scheduler.add_request(request)
+            except RequestRejected as exc:
+                state.fail(str(exc), code="INVALID_ARGUMENT")
+                self._end(state)
+                continue
+            self._cancel_wait_timer(state)
+            state.worker_id = session.worker_id
+            session.request_ids.add(state.request_id)
+            kv = session.scheduler.kv
+            state.inflight_hashes = list(
+                kv.block_hashes(request, (request.num_tokens - 1) // kv.block_size)
+            )
+            placement.add_inflight(session, state.inflight_hashes)
+            session.wakeup.set()
+            log.info("request_placed", request_id=state.request_id, worker_id=session.worker_id,
+                     reason=choice.reason, prefix_tokens=choice.prefix_tokens, load=choice.load,
+                     migrations=state.num_migrations)  # fmt: skip
+
+    def _leave_session(self, state: RequestState) -> WorkerSession | None:
+        """Detach the request from its worker's bookkeeping (not from the core scheduler)."""
+        session = self.sessions.get(state.worker_id or "")
+        state.worker_id = None
+        if session is not None:
+            session.request_ids.discard(state.request_id)
+            placement.remove_inflight(session.inflight_hashes, state.inflight_hashes)
+        state.inflight_hashes = []
+        return session
+
+    def _end(self, state: RequestState) -> None:
+        """Bookkeeping once a request's stream has its last message."""
+        self.requests.pop(state.request_id, None)
+        self._cancel_wait_timer(state)
+        state.finish_time = time.monotonic()
+        self.num_finished += 1
+        self.observer.on_request_finished(state)
 
     def abort(self, request_id: str) -> bool:
         """Abort a request in any state; its stream ends with finish reason abort."""
@@ -175,13 +243,30 @@ class ServingEngine:
             self._end(state)
 
     def _release(self, state: RequestState) -> None:
-        if self.unassigned.pop(state.request_id, None) is not None and state.wait_timer:
-            state.wait_timer.cancel()
-        session = self.sessions.get(state.worker_id or "")
+        self.waiting.remove(state.request_id)
+        session = self._leave_session(state)
         if session is not None:
             session.scheduler.abort_request(state.request_id)
-            session.request_ids.discard(state.request_id)
             session.wakeup.set()
+        self._dispatch()
+
+    def _requeue(self, state: RequestState, reason: str) -> None:
+        """Back to the head of the global queue with the tokens it has (a lost or leaving
+        worker); fails it once it has moved more than max_migrations times."""
+        state.num_migrations += 1
+        if state.num_migrations > self.config.max_migrations:
+            state.fail(
+                f"request lost its worker {state.num_migrations} times "
+                f"(limit --max-migrations {self.config.max_migrations}); last: {reason}",
+                code="UNAVAILABLE",
+            )
+            self._end(state)
+            return
+        request = state.to_core_request()
+        state.core = request
+        self.waiting.prepend(request)
+        if not self._live_sessions():
+            self._start_wait_timer(state)
 
     # ---- workers --------------------------------------------------------------------------
     def attach(self, registration: WorkerRegistration, transport: WorkerTransport) -> WorkerSession:
@@ -207,71 +292,75 @@ class ServingEngine:
         self.sessions[registration.worker_id] = session
         self.worker_attached.set()
         self.observer.on_worker_attached(session)
-        log.info(
-            "worker_attached",
-            worker_id=registration.worker_id,
-            num_blocks=registration.num_device_blocks,
-            block_size=registration.block_size,
-            address=registration.address,
-        )
-        pending = list(self.unassigned.values())
-        self.unassigned.clear()
-        for state in pending:
-            if state.wait_timer:
-                state.wait_timer.cancel()
-            self._place_or_fail(state)
+        log.info("worker_attached", worker_id=registration.worker_id,
+                 num_blocks=registration.num_device_blocks, block_size=registration.block_size,
+                 address=registration.address)  # fmt: skip
+        self._dispatch()
         return session
 
-    def _place_or_fail(self, state: RequestState) -> None:
-        try:
-            self._place(state)
-        except RequestRejected as exc:
-            state.fail(str(exc), code="INVALID_ARGUMENT")
-            self._end(state)
-
     def detach(self, session: WorkerSession, reason: str) -> None:
-        """The worker is gone: move its unfinished requests elsewhere."""
+        """The worker is gone: its unfinished requests go back to the global queue."""
         session.mark_lost(reason)
         if self.sessions.get(session.worker_id) is session:
             del self.sessions[session.worker_id]
-        if not self.sessions:
+        if not self._live_sessions():
             self.worker_attached.clear()
-        moved = 0
-        for request_id in list(session.request_ids):
-            state = self.requests.get(request_id)
-            if state is None or state.finished:
-                continue
-            state.num_migrations += 1
-            state.worker_id = None
-            if state.num_migrations > self.config.max_migrations:
-                state.fail(
-                    f"request lost its worker {state.num_migrations} times "
-                    f"(limit --max-migrations {self.config.max_migrations}); last: {reason}",
-                    code="UNAVAILABLE",
-                )
-                self._end(state)
-                continue
-            self._place_or_fail(state)
-            moved += 1
-        session.request_ids.clear()
+        moved = self._hand_back(session, session.request_ids, reason)
         self.observer.on_worker_detached(session, reason)
         log.warning("worker_detached", worker_id=session.worker_id, reason=reason, migrated=moved)
+        self._dispatch()
+
+    def _hand_back(self, session: WorkerSession, request_ids, reason: str) -> int:
+        """Move these requests of `session` back to the head of the global queue, keeping
+        their relative order (the first to run goes first)."""
+        states = [self.requests[r] for r in request_ids if r in self.requests]
+        states.sort(key=lambda s: s.arrival_time, reverse=True)  # prepend: latest first
+        for state in states:
+            self._leave_session(state)
+            if not session.lost:
+                session.scheduler.abort_request(state.request_id)
+            self._requeue(state, reason)
+        return len(states)
+
+    def start_drain(self, session: WorkerSession, timeout_s: float) -> None:
+        """The worker is leaving: no new requests; local waiting ones go elsewhere now, running
+        ones get until the deadline to finish."""
+        if session.draining or session.lost:
+            return
+        session.draining = True
+        session.drain_deadline = time.monotonic() + max(0.0, timeout_s)
+        waiting_ids = [r.request_id for r in session.scheduler.waiting]
+        moved = self._hand_back(session, waiting_ids, "worker draining")
+        log.info("worker_draining", worker_id=session.worker_id, timeout_s=timeout_s,
+                 running=session.load, handed_back=moved)  # fmt: skip
+        session.wakeup.set()
+        self._dispatch()
+
+    def finish_drain(self, session: WorkerSession) -> int:
+        """At the deadline (or when empty): hand back whatever still runs. Returns how many."""
+        moved = self._hand_back(session, list(session.request_ids), "worker drain deadline")
+        self._dispatch()
+        return moved
 
     async def run_worker(self, session: WorkerSession) -> None:
-        """The step loop of one worker: schedule, execute remotely, apply. Ends when it is lost."""
+        """The step loop of one worker: schedule, execute remotely, apply. Ends when the worker
+        is lost, or has drained."""
         sched = session.scheduler
         while not session.lost:
+            if session.draining and (
+                not session.request_ids or time.monotonic() >= session.drain_deadline
+            ):
+                return
             out = sched.schedule()
             if not _has_work(out):
                 session.wakeup.clear()
-                if sched.has_unfinished_requests():
-                    # requests wait for something outside this step (e.g. blocks): poll
-                    try:
-                        await asyncio.wait_for(session.wakeup.wait(), 0.05)
-                    except TimeoutError:
-                        pass
-                else:
-                    await session.wakeup.wait()
+                timeout = 0.05 if sched.has_unfinished_requests() else None
+                if session.draining:
+                    timeout = max(0.0, session.drain_deadline - time.monotonic())
+                try:
+                    await asyncio.wait_for(session.wakeup.wait(), timeout)
+                except TimeoutError:
+                    pass
                 continue
             started = time.perf_counter()
             try:
@@ -288,6 +377,8 @@ class ServingEngine:
             now = time.monotonic()
             for output in outputs:
                 self._deliver(session, output, reply.logprobs.get(output.request_id), now)
+            if self.waiting:
+                self._dispatch()
 
     def _deliver(
         self,
@@ -297,7 +388,7 @@ class ServingEngine:
         now: float,
     ) -> None:
         state = self.requests.get(output.request_id)
-        if state is None:
+        if state is None or state.worker_id != session.worker_id:
             return
         stopped_by_string = state.push_tokens(
             output.new_token_ids, output.finish_reason, output.stop_reason, logprobs, now
@@ -307,7 +398,9 @@ class ServingEngine:
         if stopped_by_string:
             session.scheduler.abort_request(output.request_id)
         if state.finished:
-            session.request_ids.discard(output.request_id)
+            self._leave_session(state)
+            if session.draining:
+                session.num_drained_finished += 1
             self._end(state)
 
     # ---- introspection --------------------------------------------------------------------

@@ -105,7 +105,7 @@ class GenerationService(pb_grpc.GenerationServicer):
             max_model_len=self.intake.max_model_len,
             scheduling_policy=cfg.scheduling_policy,
             num_requests_in_flight=len(engine.requests),
-            num_waiting=len(engine.unassigned),
+            num_waiting=engine.num_waiting,
             num_requests_finished=engine.num_finished,
             version=VERSION,
         )
@@ -123,7 +123,7 @@ class GenerationService(pb_grpc.GenerationServicer):
                 kv_usage=stats.kv_usage,
                 num_preemptions=stats.num_preemptions,
                 num_steps=session.num_steps,
-                state="lost" if session.lost else "active",
+                state=session.state,
             )
             info.num_running += stats.num_running
             info.num_waiting += stats.num_waiting

@@ -44,6 +44,8 @@ class RequestState:
     finish_time: float | None = None
     finish_reason: FinishReason | None = None
     wait_timer: asyncio.TimerHandle | None = None
+    core: Request | None = None  # the core request, in the global queue or on a worker
+    inflight_hashes: list[bytes] = field(default_factory=list)  # prefix announced to a worker
 
     @property
     def finished(self) -> bool:

@@ -35,6 +35,7 @@ class GrpcWorkerTransport:
         self.last_heard = time.monotonic()
         self.pending: tuple[int, asyncio.Future] | None = None
         self.session: WorkerSession | None = None
+        self.on_drain = None  # callable(timeout_s), set once attached
         self.lost_reason = ""
 
     async def execute(self, out: SchedulerOutput) -> StepReply:
@@ -76,7 +77,10 @@ class GrpcWorkerTransport:
                 if msg is grpc.aio.EOF:
                     break
                 self.last_heard = time.monotonic()
-                if msg.WhichOneof("msg") == "step_result":
+                kind = msg.WhichOneof("msg")
+                if kind == "drain" and self.on_drain is not None:
+                    self.on_drain(msg.drain.timeout_s)
+                elif kind == "step_result":
                     pending = self.pending
                     if pending and pending[0] == msg.step_result.step_id and not pending[1].done():
                         pending[1].set_result(msg.step_result)
@@ -159,15 +163,23 @@ class WorkerLinkService(pb_grpc.WorkerLinkServicer):
         )
         session = self.engine.attach(registration, transport)
         transport.session = session
+        transport.on_drain = lambda timeout_s: self.engine.start_drain(session, timeout_s)
         tasks = [
             asyncio.create_task(transport.read_loop()),
             asyncio.create_task(transport.watchdog()),
         ]
         try:
             await self.engine.run_worker(session)
+            if session.draining and not session.lost:
+                handed_back = self.engine.finish_drain(session)
+                drained = pb.Drained(
+                    num_finished=session.num_drained_finished, num_handed_back=handed_back
+                )
+                await context.write(pb.SchedulerMessage(drained=drained))
+                log.info("worker_drained", worker_id=worker_id, handed_back=handed_back,
+                         finished=session.num_drained_finished)  # fmt: skip
         finally:
             for task in tasks:
                 task.cancel()
-            self.engine.detach(
-                session, session.lost_reason or transport.lost_reason or "link closed"
-            )
+            reason = session.lost_reason or transport.lost_reason or "drained"
+            self.engine.detach(session, reason)

@@ -29,6 +29,7 @@ class WorkerLinkConfig:
     worker_secret: str = _opt("", "shared secret the scheduler expects")
     heartbeat_interval: float = _opt(2.0, "seconds between heartbeats")
     reconnect_max_backoff: float = _opt(10.0, "longest wait between reconnect attempts")
+    drain_timeout: float = _opt(30.0, "on SIGTERM: seconds to finish running requests")
     max_message_bytes: int = _opt(64 * 1024 * 1024, "largest gRPC message accepted")
     log_level: str = _opt("info", "log level")
     log_json: bool = _opt(True, "JSON log lines")
@@ -42,7 +43,10 @@ class WorkerLinkClient:
         self.runner = runner
         self.worker_id = cfg.worker_id
         self.stopping = threading.Event()
+        self.draining = False
         self._call = None
+        self._outbox: queue.Queue | None = None
+        self._attached = False
         self.num_steps = 0
 
     def registration(self) -> pb.Register:
@@ -63,16 +67,32 @@ class WorkerLinkClient:
         )
 
     def stop(self) -> None:
+        """Leave now: in-flight requests move to other workers by recompute."""
         self.stopping.set()
         call = self._call
         if call is not None:
             call.cancel()
 
+    def drain(self) -> None:
+        """Leave gracefully: take no new requests, finish the running ones (within
+        drain_timeout; the scheduler hands back the rest), then stop."""
+        outbox = self._outbox
+        if self.draining or outbox is None or not self._attached:
+            self.stop()
+            return
+        self.draining = True
+        timeout = self.cfg.drain_timeout
+        log.info("draining", worker_id=self.worker_id, timeout_s=timeout)
+        outbox.put(pb.WorkerMessage(drain=pb.Drain(timeout_s=timeout)))
+        timer = threading.Timer(timeout + 10.0, self.stop)  # the scheduler did not answer
+        timer.daemon = True
+        timer.start()
+
     def run_forever(self) -> None:
         backoff = 0.25
         while not self.stopping.is_set():
             attached = self._run_session()
-            if self.stopping.is_set():
+            if self.stopping.is_set() or self.draining:
                 break
             self.runner.reset()
             if attached:
@@ -86,6 +106,8 @@ class WorkerLinkClient:
         """One connection. Returns whether it got as far as being registered."""
         outbox: queue.Queue = queue.Queue()
         outbox.put(pb.WorkerMessage(register=self.registration()))
+        self._attached = False
+        self._outbox = outbox
         done = threading.Event()
 
         def requests():
@@ -113,13 +135,19 @@ class WorkerLinkClient:
                 for msg in call:
                     kind = msg.WhichOneof("msg")
                     if kind == "register_ack":
-                        attached = True
+                        attached = self._attached = True
                         self.worker_id = msg.register_ack.worker_id
                         log.info(
                             "registered", worker_id=self.worker_id, scheduler=self.cfg.scheduler
                         )
                     elif kind == "step":
                         outbox.put(pb.WorkerMessage(step_result=self._execute(msg.step)))
+                    elif kind == "drained":
+                        log.info("drained", worker_id=self.worker_id,
+                                 finished=msg.drained.num_finished,
+                                 handed_back=msg.drained.num_handed_back)  # fmt: skip
+                        self.stopping.set()
+                        break
             except grpc.RpcError as exc:
                 if not self.stopping.is_set():
                     log.warning("link_lost", code=str(exc.code()), detail=exc.details())
@@ -127,6 +155,8 @@ class WorkerLinkClient:
                 done.set()
                 outbox.put(None)
                 self._call = None
+                self._outbox = None
+                self._attached = False
         return attached
 
     def _execute(self, step: pb.Step) -> pb.StepResult:

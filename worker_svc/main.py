@@ -8,17 +8,22 @@ import socket
 
 from common.logging import configure_logging, get_logger
 from worker_svc.link import WorkerLinkClient, WorkerLinkConfig
+from worker_svc.sim_runner import SimConfig, SimRunner
 
 log = get_logger("splitserve.worker")
 
 
-def main(link_cfg: WorkerLinkConfig, runner_cfg) -> int:
+def main(link_cfg: WorkerLinkConfig, runner_cfg, sim_cfg: SimConfig | None = None) -> int:
     configure_logging(link_cfg.log_level, link_cfg.log_json)
-    from worker_svc.model_runner import ModelRunner
-
     if not link_cfg.worker_id:
         link_cfg.worker_id = f"{socket.gethostname()}-{os.getpid()}"
-    runner = ModelRunner(runner_cfg)
+    if sim_cfg is not None and sim_cfg.simulate:
+        runner = SimRunner(sim_cfg, runner_cfg.model, runner_cfg.block_size,
+                           runner_cfg.max_model_len or 8192)  # fmt: skip
+    else:
+        from worker_svc.model_runner import ModelRunner
+
+        runner = ModelRunner(runner_cfg)
     log.info(
         "worker_ready",
         worker_id=link_cfg.worker_id,
@@ -31,7 +36,10 @@ def main(link_cfg: WorkerLinkConfig, runner_cfg) -> int:
 
     def on_signal(signum, frame) -> None:
         log.info("worker_stopping", signal=signal.Signals(signum).name)
-        client.stop()
+        if signum == signal.SIGTERM:
+            client.drain()  # finish running requests, then leave
+        else:
+            client.stop()  # leave now; the scheduler moves the requests elsewhere
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)

@@ -8,24 +8,42 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("register", "step_result", "heartbeat")
+    __slots__ = ("register", "step_result", "heartbeat", "drain")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     STEP_RESULT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
     register: Register
     step_result: StepResult
     heartbeat: Heartbeat
-    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., step_result: _Optional[_Union[StepResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+    drain: Drain
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., step_result: _Optional[_Union[StepResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
-    __slots__ = ("register_ack", "step", "heartbeat")
+    __slots__ = ("register_ack", "step", "heartbeat", "drained")
     REGISTER_ACK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
     register_ack: RegisterAck
     step: Step
     heartbeat: Heartbeat
-    def __init__(self, register_ack: _Optional[_Union[RegisterAck, _Mapping]] = ..., step: _Optional[_Union[Step, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+    drained: Drained
+    def __init__(self, register_ack: _Optional[_Union[RegisterAck, _Mapping]] = ..., step: _Optional[_Union[Step, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., drained: _Optional[_Union[Drained, _Mapping]] = ...) -> None: ...
+
+class Drain(_message.Message):
+    __slots__ = ("timeout_s",)
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    timeout_s: float
+    def __init__(self, timeout_s: _Optional[float] = ...) -> None: ...
+
+class Drained(_message.Message):
+    __slots__ = ("num_finished", "num_handed_back")
+    NUM_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    NUM_HANDED_BACK_FIELD_NUMBER: _ClassVar[int]
+    num_finished: int
+    num_handed_back: int
+    def __init__(self, num_finished: _Optional[int] = ..., num_handed_back: _Optional[int] = ...) -> None: ...
 
 class Register(_message.Message):
     __slots__ = ("worker_id", "model", "block_size", "num_device_blocks", "num_host_blocks", "max_model_len", "vocab_size", "eos_token_id", "secret", "device", "dtype")

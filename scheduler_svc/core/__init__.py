@@ -3,7 +3,7 @@
 from scheduler_svc.core.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock, hash_block_tokens
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.errors import RequestRejected, SchedulerConfigError
-from scheduler_svc.core.kv_cache_manager import KVCacheManager
+from scheduler_svc.core.kv_cache_manager import KVCacheManager, count_prefix_blocks
 from scheduler_svc.core.outputs import (
     CachedRequestData,
     NewRequestData,
@@ -55,6 +55,7 @@ __all__ = [
     "SchedulerStats",
     "SchedulingPolicy",
     "available_policies",
+    "count_prefix_blocks",
     "create_policy",
     "create_request_queue",
     "hash_block_tokens",

@@ -9,7 +9,7 @@ model must run on at least one token to sample the next).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 from scheduler_svc.core.block_pool import BlockHash, BlockPool, KVCacheBlock, hash_block_tokens
 from scheduler_svc.core.request import Request
@@ -159,3 +159,23 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> bool:
         return self.pool.reset_prefix_cache()
+
+
+def count_prefix_blocks(
+    kv: KVCacheManager, request: Request, also_present: Container[BlockHash] = ()
+) -> int:
+    """Leading full blocks of `request` that are in kv's prefix cache or in `also_present`
+    (e.g. hashes of requests already on their way to this pool). Touches nothing; capped
+    like a real hit so the last token is always computed."""
+    if not kv.enable_caching:
+        return 0
+    max_blocks = (request.num_tokens - 1) // kv.block_size
+    if max_blocks <= 0:
+        return 0
+    cached = kv.pool.cached
+    count = 0
+    for block_hash in kv.block_hashes(request, max_blocks):
+        if block_hash not in cached and block_hash not in also_present:
+            break
+        count += 1
+    return count
