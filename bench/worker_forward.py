@@ -1,0 +1,375 @@
+"""Benchmark the worker's ModelRunner beside Hugging Face on the same model, in one process.
+
+    .venv/bin/python bench/worker_forward.py                 # everything (HF one-by-one: minutes)
+    .venv/bin/python bench/worker_forward.py --quick         # reduced run
+    .venv/bin/python bench/worker_forward.py --only w64,decode --dtype bfloat16 --json out.json
+
+Sections (--only / --skip): w64 (the W64 workload through the runner, driven by the scheduler
+core), decode (pure-decode steps, batch x context), prefill (one chunk of N tokens), hf (HF
+`generate` one request at a time), hf_static (static padded batches of 16), generate_batch
+(transformers' continuous batching), check (greedy equality with HF in float32; logprob
+closeness in bfloat16). W64: 64 chat prompts as token ids, 64 output tokens each, EOS ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scheduler_svc.core import Request, SamplingParams, Scheduler, SchedulerConfig  # noqa: E402
+from scheduler_svc.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
+from worker_svc.config import ModelRunnerConfig  # noqa: E402
+from worker_svc.model_loader import model_dir  # noqa: E402
+from worker_svc.model_runner import ModelRunner  # noqa: E402
+
+SECTIONS = ("w64", "decode", "prefill", "hf", "hf_static", "generate_batch", "check")
+WORKLOAD = Path("/work/shared/workloads/w64.json")
+GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20, ignore_eos=True)
+console = Console(stderr=True)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default=None, help="model (default SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    p.add_argument("--workload", type=Path, default=WORKLOAD)
+    p.add_argument("--quick", action="store_true", help="fewer prompts, batches and contexts")
+    p.add_argument("--only", default="", help=f"comma list of {','.join(SECTIONS)}")
+    p.add_argument("--skip", default="", help="comma list of sections to skip")
+    p.add_argument("--prompts", type=int, default=None, help="W64 prompts to use (default 64)")
+    p.add_argument("--hf-prompts", type=int, default=None, help="prompts for HF one-by-one")
+    p.add_argument("--decode-batches", default=None, help="default 1,8,32,64,128")
+    p.add_argument("--decode-contexts", default=None, help="default 128,1024")
+    p.add_argument("--prefill-chunks", default=None, help="default 128,512,2048")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--decode-steps", type=int, default=8)
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = p.parse_args()
+    only = {s for s in args.only.split(",") if s}
+    args.sections = [s for s in SECTIONS if (not only or s in only) and s not in args.skip]
+    q = args.quick
+    args.prompts = args.prompts or (32 if q else 64)
+    args.hf_prompts = args.hf_prompts or (4 if q else args.prompts)
+    args.decode_batches = _ints(args.decode_batches or ("1,8,64" if q else "1,8,32,64,128"))
+    args.decode_contexts = _ints(args.decode_contexts or "128,1024")
+    args.prefill_chunks = _ints(args.prefill_chunks or ("128,512" if q else "128,512,2048"))
+    return args
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+# --- the runner ----------------------------------------------------------------------------
+
+
+def run_w64(runner: ModelRunner, prompts: list[list[int]], max_tokens: int, budget: int) -> dict:
+    runner.reset()
+    sched = Scheduler(
+        SchedulerConfig(
+            max_num_batched_tokens=budget,
+            max_num_seqs=256,
+            block_size=runner.block_size,
+            num_blocks=runner.num_blocks,
+            max_model_len=runner.max_model_len,
+        )
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        sched.add_request(Request(f"w{i}", p, params, eos_token_id=runner.eos_token_id))
+    outputs: dict[str, list[int]] = {f"w{i}": [] for i in range(len(prompts))}
+    steps, fwd, smp = 0, 0.0, 0.0
+    bar = tqdm(total=len(prompts) * max_tokens, desc="runner W64", unit="tok", leave=False)
+    start = time.perf_counter()
+    while sched.has_unfinished_requests():
+        so = sched.schedule()
+        res = runner.execute_model(so)
+        for out in sched.update_from_output(so, res.sampled_token_ids):
+            outputs[out.request_id] += out.new_token_ids
+            bar.update(len(out.new_token_ids))
+        steps, fwd, smp = steps + 1, fwd + res.forward_time_s, smp + res.sample_time_s
+    elapsed = time.perf_counter() - start
+    bar.close()
+    total = sum(len(v) for v in outputs.values())
+    return {
+        "tok_s": total / elapsed,
+        "time_s": elapsed,
+        "tokens": total,
+        "steps": steps,
+        "forward_s": fwd,
+        "sample_s": smp,
+        "outputs": [outputs[f"w{i}"] for i in range(len(prompts))],
+    }
+
+
+def bench_decode(runner: ModelRunner, batch: int, ctx: int, steps: int) -> dict:
+    """Decode steps of `batch` requests at context `ctx` (the context counts as prefix-cached)."""
+    runner.reset()
+    bs = runner.block_size
+    per_req = -(-(ctx + steps + 2) // bs)
+    reqs = [
+        NewRequestData(
+            f"d{i}",
+            [(i * 31 + j) % 1000 + 10 for j in range(ctx)],
+            GREEDY,
+            list(range(i * per_req, (i + 1) * per_req)),
+            ctx - 1,
+        )
+        for i in range(batch)
+    ]
+    so = SchedulerOutput(new_requests=reqs, num_scheduled_tokens={r.request_id: 1 for r in reqs})
+    runner.execute_model(so)
+    times = []
+    for step in range(steps + 1):
+        n = ctx + step
+        so = SchedulerOutput(
+            cached_requests=[CachedRequestData(r.request_id, [], n) for r in reqs],
+            num_scheduled_tokens={r.request_id: 1 for r in reqs},
+        )
+        t = time.perf_counter()
+        runner.execute_model(so)
+        times.append(time.perf_counter() - t)
+    step_s = statistics.median(times[1:])
+    return {"batch": batch, "context": ctx, "step_ms": step_s * 1e3, "tok_s": batch / step_s}
+
+
+def bench_prefill(runner: ModelRunner, chunk: int, repeats: int = 3) -> dict:
+    times = []
+    for k in range(repeats + 1):
+        runner.reset()
+        prompt = [(k * 7 + j) % 1000 + 10 for j in range(chunk)]
+        blocks = list(range(-(-chunk // runner.block_size)))
+        so = SchedulerOutput(
+            new_requests=[NewRequestData("p", prompt, GREEDY, blocks, 0)],
+            num_scheduled_tokens={"p": chunk},
+        )
+        t = time.perf_counter()
+        runner.execute_model(so)
+        times.append(time.perf_counter() - t)
+    step_s = statistics.median(times[1:])
+    return {"chunk": chunk, "step_ms": step_s * 1e3, "tok_s": chunk / step_s}
+
+
+# --- Hugging Face baselines ----------------------------------------------------------------
+
+
+def hf_one_by_one(model, prompts: list[list[int]], max_tokens: int) -> dict:
+    outputs, start = [], time.perf_counter()
+    for p in tqdm(prompts, desc="HF one-by-one", leave=False):
+        ids = torch.tensor([p])
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+        )
+        outputs.append(out[0, len(p) :].tolist())
+    elapsed = time.perf_counter() - start
+    total = sum(len(o) for o in outputs)
+    return {"tok_s": total / elapsed, "time_s": elapsed, "tokens": total, "outputs": outputs}
+
+
+def hf_static(model, prompts: list[list[int]], max_tokens: int, pad_id: int, size=16) -> dict:
+    total, start = 0, time.perf_counter()
+    for i in tqdm(range(0, len(prompts), size), desc="HF static x16", leave=False):
+        group = prompts[i : i + size]
+        width = max(len(p) for p in group)
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in group])  # left padding
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=pad_id,
+        )
+        total += (out.shape[1] - width) * len(group)
+    elapsed = time.perf_counter() - start
+    return {"tok_s": total / elapsed, "time_s": elapsed, "tokens": total}
+
+
+def hf_generate_batch(model, prompts: list[list[int]], max_tokens: int) -> dict:
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=-1)
+    start = time.perf_counter()
+    out = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+    elapsed = time.perf_counter() - start
+    total = sum(len(o.generated_tokens) for o in out.values())
+    return {"tok_s": total / elapsed, "time_s": elapsed, "tokens": total}
+
+
+def check_greedy(runner_out: list[list[int]], hf_out: list[list[int]], eos: int | None) -> dict:
+    """Tokens equal up to the first EOS (HF was forced past it with min_new_tokens)."""
+    equal = 0
+    for ours, ref in zip(runner_out, hf_out, strict=False):
+        stop = ref.index(eos) + 1 if eos in ref else len(ref)
+        equal += ours[:stop] == ref[:stop]
+    return {"equal": equal, "compared": min(len(runner_out), len(hf_out))}
+
+
+def check_bf16_logprobs(runner: ModelRunner, hf, prompts, max_tokens: int) -> dict:
+    """Runner (bfloat16) greedy tokens' logprobs vs an HF bfloat16 forward over the same text."""
+    runner.reset()
+    sched_params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=1)
+    diffs = []
+    for i, p in enumerate(prompts):
+        bs = runner.block_size
+        blocks = list(range(-(-(len(p) + max_tokens) // bs)))
+        so = SchedulerOutput(
+            new_requests=[NewRequestData(f"c{i}", p, sched_params, blocks, 0)],
+            num_scheduled_tokens={f"c{i}": len(p)},
+        )
+        got, lps = [], []
+        for _ in range(max_tokens):
+            res = runner.execute_model(so)
+            got += res.sampled_token_ids[f"c{i}"]
+            lps.append(res.logprobs[f"c{i}"][0].logprob)
+            n = len(p) + len(got) - 1
+            so = SchedulerOutput(
+                cached_requests=[CachedRequestData(f"c{i}", [], n)],
+                num_scheduled_tokens={f"c{i}": 1},
+            )
+        so = SchedulerOutput(finished_req_ids={f"c{i}"})
+        runner.execute_model(so)
+        with torch.no_grad():
+            logits = hf(torch.tensor([p + got])).logits[0].float()
+        ref = torch.log_softmax(logits, -1)[len(p) - 1 : -1].gather(1, torch.tensor(got)[:, None])
+        diffs += (torch.tensor(lps) - ref.squeeze(1)).abs().tolist()
+    return {"mean_abs_logprob_diff": statistics.mean(diffs), "max_abs_logprob_diff": max(diffs)}
+
+
+# --- main ----------------------------------------------------------------------------------
+
+
+def main() -> int:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    workload = json.loads(args.workload.read_text())
+    prompts = workload["prompts"][: args.prompts]
+    max_tokens = int(workload.get("max_tokens", 64))
+    bs = 16
+    need = len(prompts) * -(-(max(map(len, prompts)) + max_tokens) // bs)
+    if "decode" in args.sections:
+        need = max(
+            need,
+            *(
+                b * -(-(c + args.decode_steps + 2) // bs)
+                for b in args.decode_batches
+                for c in args.decode_contexts
+            ),
+        )
+    need = max(need, max(args.prefill_chunks) // bs + 1)
+    cfg = ModelRunnerConfig(
+        model=args.model,
+        dtype=args.dtype,
+        block_size=bs,
+        num_gpu_blocks=need,
+        max_num_batched_tokens=max(args.max_num_batched_tokens, *args.prefill_chunks),
+        num_threads=args.threads,
+    )
+    runner = ModelRunner(cfg)
+    console.print(
+        f"[bold]{runner.model_name}[/] {runner.dtype} on {runner.device}, "
+        f"{args.threads} threads, {runner.num_blocks} KV blocks; load {runner.load_time_s:.1f} s"
+    )
+    results: dict = {
+        "model": runner.model_name,
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "prompts": len(prompts),
+        "max_tokens": max_tokens,
+    }
+    hf = None
+    if {"hf", "hf_static", "generate_batch", "check"} & set(args.sections):
+        from transformers import AutoModelForCausalLM
+
+        dtype = torch.float32 if args.dtype == "float32" else torch.bfloat16
+        hf = AutoModelForCausalLM.from_pretrained(model_dir(runner.source), dtype=dtype).eval()
+    with torch.inference_mode():
+        if "w64" in args.sections:
+            results["w64"] = run_w64(runner, prompts, max_tokens, args.max_num_batched_tokens)
+        if "decode" in args.sections:
+            grid = [(b, c) for c in args.decode_contexts for b in args.decode_batches]
+            results["decode"] = [
+                bench_decode(runner, b, c, args.decode_steps)
+                for b, c in tqdm(grid, desc="decode", leave=False)
+            ]
+        if "prefill" in args.sections:
+            results["prefill"] = [bench_prefill(runner, c) for c in args.prefill_chunks]
+        if "hf" in args.sections:
+            results["hf"] = hf_one_by_one(hf, prompts[: args.hf_prompts], max_tokens)
+        if "hf_static" in args.sections:
+            pad = runner.eos_token_id or 0
+            results["hf_static"] = hf_static(hf, prompts, max_tokens, pad)
+        if "check" in args.sections and "w64" in results:
+            if args.dtype == "float32" and "hf" in results:
+                results["check"] = check_greedy(
+                    results["w64"]["outputs"], results["hf"]["outputs"], runner.eos_token_id
+                )
+            elif args.dtype == "bfloat16":
+                results["check"] = check_bf16_logprobs(runner, hf, prompts[:4], 16)
+    if "generate_batch" in args.sections:  # last: it switches the HF model's attention
+        results["generate_batch"] = hf_generate_batch(hf, prompts, max_tokens)
+    report(results)
+    if args.json:
+        for key in ("w64", "hf"):
+            results.get(key, {}).pop("outputs", None)
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def report(r: dict) -> None:
+    out = Console()
+    table = Table(title=f"worker forward: {r['model']} {r['dtype']}, {r['threads']} threads")
+    for col in ("what", "tokens/s", "detail", "runner W64 ÷ this"):
+        table.add_column(col, justify="right" if col != "what" else "left")
+    w64 = r.get("w64", {}).get("tok_s")
+
+    def ratio(v: float) -> str:
+        return f"{w64 / v:.1f}×" if w64 else ""
+
+    if "w64" in r:
+        x = r["w64"]
+        detail = f"{x['tokens']} tok in {x['time_s']:.1f} s, {x['steps']} steps"
+        table.add_row(f"runner W{r['prompts']}", f"{w64:.1f}", detail, "1.0×")
+    names = {
+        "hf": "HF generate one-by-one",
+        "hf_static": "HF generate static x16",
+        "generate_batch": "HF generate_batch (CB)",
+    }
+    for key, name in names.items():
+        if key in r:
+            x = r[key]
+            detail = f"{x['tokens']} tok in {x['time_s']:.1f} s"
+            table.add_row(name, f"{x['tok_s']:.1f}", detail, ratio(x["tok_s"]))
+    for x in r.get("decode", []):
+        detail = f"{x['step_ms']:.1f} ms/step"
+        table.add_row(
+            f"decode batch {x['batch']} @ ctx {x['context']}", f"{x['tok_s']:.1f}", detail, ""
+        )
+    for x in r.get("prefill", []):
+        table.add_row(
+            f"prefill chunk {x['chunk']}", f"{x['tok_s']:.1f}", f"{x['step_ms']:.1f} ms", ""
+        )
+    out.print(table)
+    if "check" in r:
+        out.print("check:", r["check"])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
