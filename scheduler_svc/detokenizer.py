@@ -9,7 +9,12 @@ unless it ends in U+FFFD (an incomplete character), in which case we wait for mo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
+
+try:  # the Rust incremental decoder (tokenizers >= 0.21): one call per step, no re-decoding
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # pragma: no cover
+    DecodeStream = None
 
 # tokens kept before the unread ones so merges (leading spaces) decode right
 _CONTEXT_TOKENS = 5
@@ -30,6 +35,7 @@ class IncrementalDetokenizer:
     prefix_offset: int = 0
     read_offset: int = 0
     stop_hit: str | None = None
+    stream: Any = None  # a DecodeStream when the decoder is a tokenizers-backed Tokenizer
 
     @classmethod
     def for_prompt(
@@ -40,18 +46,32 @@ class IncrementalDetokenizer:
         stop_strings: list[str],
     ) -> IncrementalDetokenizer:
         tail = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        backend = getattr(decoder, "backend", None)
+        stream = None
+        if backend is not None and DecodeStream is not None:
+            stream = DecodeStream(ids=tail, skip_special_tokens=skip_special_tokens)
         return cls(
             decoder=decoder,
             skip_special_tokens=skip_special_tokens,
             stop_strings=[s for s in stop_strings if s],
-            token_ids=tail,
+            token_ids=[] if stream is not None else tail,
             prefix_offset=0,
-            read_offset=len(tail),
+            read_offset=0 if stream is not None else len(tail),
+            stream=stream,
         )
 
     def add_tokens(self, new_token_ids: list[int]) -> None:
         """Decode new tokens into self.text; checks stop strings."""
         if self.stop_hit is not None:
+            return
+        if self.stream is not None:
+            if new_token_ids:
+                piece = self.stream.step(self.decoder.backend, list(new_token_ids))
+                if piece:
+                    before = len(self.text)
+                    self.text += piece
+                    if self.stop_strings:
+                        self._check_stop(before)
             return
         self.token_ids.extend(new_token_ids)
         decode = self.decoder.decode

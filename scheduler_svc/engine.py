@@ -47,7 +47,8 @@ class StepReply:
     sampled: dict[str, list[int]]
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     forward_time_s: float = 0.0
-    step_time_s: float = 0.0
+    step_time_s: float = 0.0  # on the worker: step received to reply ready
+    idle_time_s: float = 0.0  # on the worker: previous reply to this step's arrival
 
 
 class WorkerTransport(Protocol):
@@ -80,6 +81,8 @@ class WorkerSession:
     num_drained_finished: int = 0
     num_steps: int = 0
     last_forward_time_s: float = 0.0
+    total_worker_step_s: float = 0.0
+    total_worker_idle_s: float = 0.0
     attached_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -372,6 +375,8 @@ class ServingEngine:
                 return
             session.num_steps += 1
             session.last_forward_time_s = reply.forward_time_s
+            session.total_worker_step_s += reply.step_time_s
+            session.total_worker_idle_s += reply.idle_time_s
             outputs = sched.update_from_output(out, reply.sampled)
             self.observer.on_step(session, out, reply, time.perf_counter() - started)
             now = time.monotonic()

@@ -60,13 +60,17 @@ class GrpcWorkerTransport:
             raise WorkerLost(
                 f"worker answered for {len(sampled)} requests, {len(expected)} were scheduled"
             )
-        return StepReply(sampled, logprobs, result.forward_time_s, result.step_time_s)
+        return StepReply(
+            sampled, logprobs, result.forward_time_s, result.step_time_s, result.idle_time_s
+        )
 
     def lose(self, reason: str) -> None:
         if not self.lost_reason:
             self.lost_reason = reason
         if self.pending is not None and not self.pending[1].done():
-            self.pending[1].set_exception(WorkerLost(reason))
+            future = self.pending[1]
+            future.set_exception(WorkerLost(reason))
+            future.add_done_callback(lambda f: f.exception())  # awaited or not, it is handled
         if self.session is not None:
             self.session.mark_lost(reason)
 

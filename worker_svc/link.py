@@ -48,6 +48,7 @@ class WorkerLinkClient:
         self._outbox: queue.Queue | None = None
         self._attached = False
         self.num_steps = 0
+        self._last_reply_at: float | None = None  # perf_counter when the last result was sent
 
     def registration(self) -> pb.Register:
         r = self.runner
@@ -108,6 +109,7 @@ class WorkerLinkClient:
         outbox.put(pb.WorkerMessage(register=self.registration()))
         self._attached = False
         self._outbox = outbox
+        self._last_reply_at = None
         done = threading.Event()
 
         def requests():
@@ -161,6 +163,7 @@ class WorkerLinkClient:
 
     def _execute(self, step: pb.Step) -> pb.StepResult:
         started = time.perf_counter()
+        idle = started - self._last_reply_at if self._last_reply_at is not None else 0.0
         out = decode_step(step)
         try:
             result = self.runner.execute_model(out)
@@ -168,7 +171,7 @@ class WorkerLinkClient:
             log.exception("step_failed", step_id=step.step_id)
             return pb.StepResult(step_id=step.step_id, error=f"{type(exc).__name__}: {exc}")
         self.num_steps += 1
-        return encode_step_result(
+        reply = encode_step_result(
             step.step_id,
             result.sampled_token_ids,
             _logprobs(result),
@@ -176,6 +179,9 @@ class WorkerLinkClient:
             sample_time_s=result.sample_time_s,
             step_time_s=time.perf_counter() - started,
         )
+        reply.idle_time_s = idle
+        self._last_reply_at = time.perf_counter()
+        return reply
 
 
 def _logprobs(result):

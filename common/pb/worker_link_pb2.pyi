@@ -160,17 +160,19 @@ class SampledTokens(_message.Message):
     def __init__(self, handle: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "sampled", "forward_time_s", "sample_time_s", "step_time_s", "error")
+    __slots__ = ("step_id", "sampled", "forward_time_s", "sample_time_s", "step_time_s", "error", "idle_time_s")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
     FORWARD_TIME_S_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_TIME_S_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIME_S_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     sampled: _containers.RepeatedCompositeFieldContainer[SampledTokens]
     forward_time_s: float
     sample_time_s: float
     step_time_s: float
     error: str
-    def __init__(self, step_id: _Optional[int] = ..., sampled: _Optional[_Iterable[_Union[SampledTokens, _Mapping]]] = ..., forward_time_s: _Optional[float] = ..., sample_time_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
+    idle_time_s: float
+    def __init__(self, step_id: _Optional[int] = ..., sampled: _Optional[_Iterable[_Union[SampledTokens, _Mapping]]] = ..., forward_time_s: _Optional[float] = ..., sample_time_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., error: _Optional[str] = ..., idle_time_s: _Optional[float] = ...) -> None: ...
