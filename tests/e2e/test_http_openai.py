@@ -1,0 +1,192 @@
+"""The OpenAI-compatible HTTP API of a real scheduler + SmolLM2 worker, driven by `openai`."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from common.tokenizer import load_tokenizer
+from tests.e2e.http_cluster import AUTH, shared_http_cluster
+from tests.e2e.procs import Cluster, free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PROMPT = "The capital of France is"
+MAX_TOKENS = 8
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    return shared_http_cluster(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def oai(cluster):
+    return cluster.openai()
+
+
+@pytest.fixture(scope="module")
+def model(oai):
+    (card,) = oai.models.list().data
+    return card.id
+
+
+@pytest.fixture(scope="module")
+def grpc_greedy(cluster):
+    with cluster.grpc_client() as client:
+        text = client.generate(PROMPT, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+        chat = client.generate(messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0.0)
+    return text, chat
+
+
+def test_models_lists_the_served_model(oai, model):
+    assert model == "SmolLM2-135M-Instruct"
+    assert oai.models.retrieve(model).id == model
+
+
+def test_completion_equals_grpc_greedy_with_exact_usage(oai, model, grpc_greedy):
+    expected, _ = grpc_greedy
+    r = oai.completions.create(
+        model=model,
+        prompt=PROMPT,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert r.choices[0].text == expected.text
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == len(load_tokenizer(None).encode(PROMPT))
+    assert r.usage.completion_tokens == MAX_TOKENS
+    assert r.usage.total_tokens == r.usage.prompt_tokens + MAX_TOKENS
+
+
+def test_completion_streamed_with_usage_and_token_id_prompt(oai, model, grpc_greedy):
+    expected, _ = grpc_greedy
+    ids = load_tokenizer(None).encode(PROMPT)
+    stream = oai.completions.create(
+        model=model,
+        prompt=ids,  # token ids, as `bench serve` sends them
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    usage = chunks[-1]
+    assert usage.choices == [] and usage.usage.completion_tokens == MAX_TOKENS
+    assert usage.usage.prompt_tokens == len(ids)
+    text_chunks = chunks[:-1]
+    assert len(text_chunks) == MAX_TOKENS  # one chunk per token
+    assert "".join(c.choices[0].text for c in text_chunks) == expected.text
+    assert text_chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_chat_equals_grpc_chat_streamed_and_not(oai, model, grpc_greedy):
+    _, expected = grpc_greedy
+    whole = oai.chat.completions.create(
+        model=model, messages=MESSAGES, max_completion_tokens=MAX_TOKENS, temperature=0
+    )
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].message.content == expected.text
+    assert whole.usage.completion_tokens == expected.completion_tokens
+    assert whole.usage.prompt_tokens == expected.prompt_tokens
+    chunks = list(
+        oai.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0, stream=True
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected.text
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_stop_string_and_seeded_sampling(oai, model, grpc_greedy):
+    expected, _ = grpc_greedy
+    assert "." in expected.text
+    r = oai.completions.create(model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0,
+                               stop=["."])  # fmt: skip
+    assert r.choices[0].text == expected.text.split(".")[0]
+    assert r.choices[0].finish_reason == "stop"
+    kwargs = dict(model=model, prompt=PROMPT, max_tokens=4, temperature=1.0, seed=7, top_p=0.9,
+                  extra_body={"top_k": 20, "min_p": 0.01, "repetition_penalty": 1.1})  # fmt: skip
+    assert oai.completions.create(**kwargs).choices[0].text == (
+        oai.completions.create(**kwargs).choices[0].text
+    )
+
+
+def test_logprobs_on_chat(oai, model):
+    r = oai.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=3, temperature=0, logprobs=True, top_logprobs=2
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+    assert "".join(e.token for e in content) == r.choices[0].message.content
+
+
+def test_errors_have_openai_status_codes(cluster, oai, model):
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.completions.create(model=model, prompt=PROMPT, max_tokens=2, temperature=-1)
+    assert "temperature" in err.value.message
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.completions.create(model=model, prompt=PROMPT, max_tokens=2, n=2)
+    assert "n must be 1" in err.value.message
+    with pytest.raises(openai.NotFoundError) as err:
+        oai.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=2)
+    assert "unknown model" in err.value.message
+    with pytest.raises(openai.AuthenticationError):
+        cluster.openai(api_key="wrong").completions.create(model=model, prompt=PROMPT)
+    r = httpx.get(cluster.url("/v1/nothing"), headers=AUTH)
+    assert r.status_code == 404 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_client_disconnect_mid_stream_frees_its_blocks(cluster, model):
+    payload = {"model": model, "prompt": "Tell me a long story.", "max_tokens": 300,
+               "temperature": 0, "stream": True, "ignore_eos": True}  # fmt: skip
+    with httpx.Client(timeout=120) as http:
+        with http.stream("POST", cluster.url("/v1/completions"), json=payload, headers=AUTH) as r:
+            assert r.status_code == 200
+            lines, events = r.iter_lines(), 0  # keep the iterator: dropping it closes the stream
+            for line in lines:
+                events += line.startswith("data: ")
+                if events >= 3:
+                    break
+            with cluster.grpc_client() as client:
+                info = client.server_info()
+            assert info.num_requests_in_flight == 1
+    # the connection is closed: the request must be dropped and every KV block freed
+    info = cluster.wait_idle(timeout=30)
+    assert info.num_requests_in_flight == 0
+
+
+def test_no_worker_is_503_and_readiness_apart_from_liveness(tmp_path):
+    c = Cluster(tmp_path)
+    port = free_port()
+    try:
+        c.start_scheduler("--worker-wait-timeout", "1", "--http-port", str(port))
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                health = httpx.get(base + "/health")
+                break
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert health.status_code == 200
+        ready = httpx.get(base + "/ready")
+        assert ready.status_code == 503 and ready.json()["status"] == "no worker attached"
+        oai = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=30)
+        with pytest.raises(openai.APIStatusError) as err:
+            oai.completions.create(model="SmolLM2-135M-Instruct", prompt="hi", max_tokens=2)
+        assert err.value.status_code == 503
+        assert "no worker" in err.value.message
+    finally:
+        c.stop_all()
