@@ -51,6 +51,8 @@ class _Step:
     cached_reqs: list[CachedRequestData] = field(default_factory=list)
     preempted: set[str] = field(default_factory=set)
     num_decode: int = 0
+    reqs: list[Request] = field(default_factory=list)  # scheduled, parallel to ns
+    ns: list[int] = field(default_factory=list)
 
 
 class Scheduler:
@@ -81,6 +83,11 @@ class Scheduler:
         self._length_limit = min(config.max_model_len, config.kv_capacity_tokens + 1)
         self._worker_known: set[str] = set()  # sent to the worker as new and not finished since
         self._finished_pending: set[str] = set()  # finished/aborted, reported by next schedule()
+        # the last output and its scheduled requests: update_from_output() walks these instead
+        # of looking every id up (a fallback handles any other SchedulerOutput object)
+        self._last_out: SchedulerOutput | None = None
+        self._last_reqs: list[Request] = []
+        self._last_ns: list[int] = []
         # counters
         self._num_steps = 0
         self._num_preemptions = 0
@@ -162,14 +169,17 @@ class Scheduler:
             step_id=step.step_id,
         )
         self._finished_pending = set()
+        self._last_out, self._last_reqs, self._last_ns = out, step.reqs, step.ns
         return out
 
     def _schedule_running(self, step: _Step) -> None:
         running = self.running
-        allocate = self.kv.allocate_slots
         threshold = self._threshold
+        bs = self._block_size
+        bs1 = bs - 1
         num_scheduled = step.num_scheduled
         cached_append = step.cached_reqs.append
+        reqs_append, ns_append = step.reqs.append, step.ns.append
         budget = step.budget
         num_decode = 0
         i = 0
@@ -185,18 +195,24 @@ class Scheduler:
                 n = threshold
             if n > budget:
                 n = budget
-            new_blocks = allocate(req, n)
-            if new_blocks is None:
-                step.budget, step.num_decode = budget, num_decode
-                new_blocks, i = self._make_room(req, n, i, step)
-                budget, num_decode = step.budget, step.num_decode
-                if new_blocks is None:  # req itself was preempted; running[i] is the next
-                    continue
+            # a running request holds exactly ceil(c / bs) blocks: only a step that crosses a
+            # block boundary needs the block pool at all
+            if (c + n + bs1) // bs == (c + bs1) // bs:
+                new_ids = []
+            else:
+                new_blocks = self.kv.allocate_slots(req, n)
+                if new_blocks is None:
+                    step.budget, step.num_decode = budget, num_decode
+                    new_blocks, i = self._make_room(req, n, i, step)
+                    budget, num_decode = step.budget, step.num_decode
+                    if new_blocks is None:  # req itself was preempted; running[i] is the next
+                        continue
+                new_ids = [b.block_id for b in new_blocks]
             rid = req.request_id
             num_scheduled[rid] = n
-            cached_append(
-                CachedRequestData(rid, [b.block_id for b in new_blocks] if new_blocks else [], c)
-            )
+            cached_append(CachedRequestData(rid, new_ids, c))
+            reqs_append(req)
+            ns_append(n)
             req.num_computed_tokens = c + n
             budget -= n
             if n == 1 and c + 1 == total and req.output_token_ids:
@@ -235,6 +251,11 @@ class Scheduler:
         for j in range(len(cached) - 1, -1, -1):
             if cached[j].request_id == rid:
                 del cached[j]
+                break
+        for j in range(len(step.reqs) - 1, -1, -1):
+            if step.reqs[j] is victim:
+                del step.reqs[j]
+                del step.ns[j]
                 break
 
     def _preempt(self, victim: Request, step: _Step) -> None:
@@ -327,6 +348,8 @@ class Scheduler:
                 )
             )
         step.num_scheduled[rid] = n
+        step.reqs.append(req)
+        step.ns.append(n)
         req.num_computed_tokens = num_hit + n
         if n == 1 and num_hit + 1 == total and req.output_token_ids:
             step.num_decode += 1
@@ -338,16 +361,21 @@ class Scheduler:
         """Apply one step's sampled tokens (request id -> new token ids, [] for a partial
         prefill). Returns one RequestOutput per request that got tokens or finished. Outputs for
         requests aborted or preempted since ``out`` was made are ignored."""
+        if out is self._last_out:
+            pairs = zip(self._last_reqs, self._last_ns, strict=True)
+        else:  # a copy (e.g. rebuilt from the wire): look the requests up by id
+            get = self._running_by_id.get
+            pairs = ((get(rid), n) for rid, n in out.num_scheduled_tokens.items())
         outputs: list[RequestOutput] = []
-        running_by_id = self._running_by_id
+        append_output = outputs.append
         step_id = out.step_id
         bs = self._block_size
         caching = self._caching
         length_limit = self._length_limit
         any_finished = False
-        for rid, n in out.num_scheduled_tokens.items():
-            req = running_by_id.get(rid)
-            if req is None or req.admitted_step > step_id:
+        for req, n in pairs:
+            # skip requests aborted, finished or preempted (and maybe re-admitted) since
+            if req is None or req.status is not _RUNNING or req.admitted_step > step_id:
                 continue
             c = req.num_computed_tokens
             start = c - n
@@ -359,8 +387,10 @@ class Scheduler:
             if caching and c // bs != start // bs:  # the step filled a block: cache it
                 self.kv.cache_full_blocks(req)
             out_ids = req.output_token_ids
-            if c < len(req.prompt_token_ids) + len(out_ids):
+            prompt_len = len(req.prompt_token_ids)
+            if c < prompt_len + len(out_ids):
                 continue  # partial prefill: whatever was sampled is meaningless
+            rid = req.request_id
             tokens = sampled.get(rid)
             if not tokens:
                 continue
@@ -368,6 +398,15 @@ class Scheduler:
             if len(tokens) == 1:
                 tok = tokens[0]
                 out_ids.append(tok)
+                num_out = len(out_ids)
+                if (
+                    num_out < params.max_tokens
+                    and prompt_len + num_out < length_limit
+                    and tok != req.eos_token_id
+                    and not params.stop_token_ids
+                ):  # fast path: none of the stop conditions can hold
+                    append_output(RequestOutput(rid, [tok], None, None, num_out))
+                    continue
                 new_ids = [tok]
                 stopped = check_stop(req, params, tok, length_limit)
             else:
@@ -379,7 +418,7 @@ class Scheduler:
                     if check_stop(req, params, tok, length_limit):
                         stopped = True
                         break
-            outputs.append(
+            append_output(
                 RequestOutput(rid, new_ids, req.finish_reason, req.stop_reason, len(out_ids))
             )
             if stopped:

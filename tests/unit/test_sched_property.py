@@ -9,6 +9,7 @@ produce exactly what it would produce running alone, whatever the contention.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, event, given, settings
@@ -261,7 +262,9 @@ def test_random_workloads_keep_every_invariant(workload):
             if spec.abort_at == step and spec.abort_mid and rid not in reasons:
                 if s.abort_request(rid):
                     aborted.add(rid)
-        for o in s.update_from_output(out, sampled):
+        # every other step hand back an equal copy (as if rebuilt from the wire)
+        result = out if step % 2 else copy.copy(out)
+        for o in s.update_from_output(result, sampled):
             assert o.request_id not in reasons, "output after the finish"
             got[o.request_id] += o.new_token_ids
             assert o.num_output_tokens == len(got[o.request_id])
@@ -304,6 +307,8 @@ def _check_step(s: Scheduler, cfg: SchedulerConfig, out: SchedulerOutput, before
     assert out.total_num_scheduled_tokens == sum(out.num_scheduled_tokens.values())
     assert out.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
     assert len(s.running) <= cfg.max_num_seqs
+    for r in s.running:  # a running request holds exactly the blocks its computed tokens need
+        assert s.kv.num_blocks_of(r.request_id) == -(-r.num_computed_tokens // bs)
     ids = [r.request_id for r in s.running]
     assert len(ids) == len(set(ids)), "request twice in running"
     assert not set(ids) & {r.request_id for r in s.waiting}, "request both running and waiting"
