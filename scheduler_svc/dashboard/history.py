@@ -95,7 +95,7 @@ class DashboardHistory(EngineObserver):
         now = time.monotonic()
         workers = []
         if engine is not None:
-            for session, stats in engine.worker_stats():
+            for session, stats in sorted(engine.worker_stats(), key=lambda x: x[0].worker_id):
                 hist = self.workers.get(session.worker_id) or WorkerHistory()
                 rows = list(hist.steps)
                 series = {name: [r[i] for r in rows] for i, name in enumerate(SERIES)}
