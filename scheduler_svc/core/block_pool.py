@@ -196,3 +196,24 @@ class BlockPool:
         assert used + len(in_queue) == self.num_blocks, "free + used != total"
         for h, block in self.cached.items():
             assert block.block_hash == h, f"{block!r} cached under a stale hash"
+
+
+class HostBlockPool:
+    """Host (CPU) blocks that hold swapped-out KV: plain ids, no caching, O(1) take/give."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self._free = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise ValueError(f"asked for {n} host blocks but only {len(self._free)} are free")
+        pop = self._free.pop
+        return [pop() for _ in range(n)]
+
+    def free(self, block_ids: list[int]) -> None:
+        self._free.extend(reversed(block_ids))

@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from scheduler_svc.core.errors import SchedulerConfigError
 from scheduler_svc.core.policy import available_policies
 
-# "swap" and "auto" are part of the design's growth path (host blocks); not implemented yet.
-SUPPORTED_PREEMPTION_MODES = ("recompute",)
-PLANNED_PREEMPTION_MODES = ("swap", "auto")
+# recompute: a victim's blocks are freed and it is prefilled again (prefix hits help).
+# swap: its computed KV is copied to host blocks and back on resume; recompute when the host
+#   pool is full (or has no blocks).
+# auto: swap victims with at least auto_swap_min_tokens computed tokens, recompute the others.
+SUPPORTED_PREEMPTION_MODES = ("recompute", "swap", "auto")
 
 
 @dataclass(slots=True)
@@ -29,6 +31,7 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0  # cap one request's prefill chunk (0 = off)
     # a step looks at most this many waiting requests it has to skip (bounds per-step work)
     max_waiting_skips_per_step: int = 128
+    auto_swap_min_tokens: int = 512  # preemption_mode="auto": swap from this many tokens on
 
     def __post_init__(self) -> None:
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
@@ -39,6 +42,7 @@ class SchedulerConfig:
         _positive_int("max_waiting_skips_per_step", self.max_waiting_skips_per_step)
         _non_negative_int("num_host_blocks", self.num_host_blocks)
         _non_negative_int("long_prefill_token_threshold", self.long_prefill_token_threshold)
+        _non_negative_int("auto_swap_min_tokens", self.auto_swap_min_tokens)
         w = self.watermark
         if (
             isinstance(w, bool)
@@ -60,10 +64,6 @@ class SchedulerConfig:
                 f"unknown scheduling policy {self.policy!r}; choose one of {', '.join(names)}"
             )
         mode = self.preemption_mode
-        if mode in PLANNED_PREEMPTION_MODES:
-            raise SchedulerConfigError(
-                f"preemption_mode {mode!r} is not implemented yet; use 'recompute'"
-            )
         if mode not in SUPPORTED_PREEMPTION_MODES:
             raise SchedulerConfigError(
                 f"unknown preemption_mode {mode!r}; choose one of "

@@ -11,18 +11,32 @@ from __future__ import annotations
 
 from collections.abc import Container, Sequence
 
-from scheduler_svc.core.block_pool import BlockHash, BlockPool, KVCacheBlock, hash_block_tokens
+from scheduler_svc.core.block_pool import (
+    BlockHash,
+    BlockPool,
+    HostBlockPool,
+    KVCacheBlock,
+    hash_block_tokens,
+)
 from scheduler_svc.core.request import Request
 
 _NO_BLOCKS: tuple[KVCacheBlock, ...] = ()
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        num_host_blocks: int = 0,
+    ):
         self.block_size = block_size
         self.enable_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.host_pool = HostBlockPool(num_host_blocks)
         self.req_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.req_host_blocks: dict[str, list[int]] = {}  # swapped-out requests' host tables
         self._num_cached_blocks: dict[str, int] = {}  # leading blocks registered in the cache
 
     # -- queries ----------------------------------------------------------------------------
@@ -159,6 +173,46 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> bool:
         return self.pool.reset_prefix_cache()
+
+    # -- swap -------------------------------------------------------------------------------
+    def swap_out(self, request: Request) -> list[tuple[int, int]] | None:
+        """Move the blocks holding the request's computed KV to host blocks and free its device
+        blocks (full ones stay in the prefix cache). Returns the (device, host) pairs the worker
+        copies before this step's forward, or None (nothing changed) when the host is full."""
+        rid = request.request_id
+        blocks = self.req_blocks.get(rid, [])
+        keep = min(-(-request.num_computed_tokens // self.block_size), len(blocks))
+        if keep > self.host_pool.num_free_blocks:
+            return None
+        host_ids = self.host_pool.allocate(keep)
+        self.req_host_blocks[rid] = host_ids
+        pairs = [(blocks[i].block_id, host_ids[i]) for i in range(keep)]
+        self.free(request)
+        return pairs
+
+    def swap_in(
+        self, request: Request, num_new_tokens: int, reserve_blocks: int = 0
+    ) -> list[tuple[int, int]] | None:
+        """Bring a swapped-out request back: device blocks for its computed KV (copied from
+        host, pairs returned as (device, host)) plus room for ``num_new_tokens``. None, changing
+        nothing, when the device pool cannot provide them while keeping ``reserve_blocks``."""
+        rid = request.request_id
+        host_ids = self.req_host_blocks[rid]
+        need = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size)
+        need = max(need, len(host_ids))
+        if need + reserve_blocks > self.pool.num_free_blocks:
+            return None
+        blocks = self.pool.allocate(need)
+        self.req_blocks[rid] = blocks
+        pairs = [(blocks[i].block_id, host) for i, host in enumerate(host_ids)]
+        self.host_pool.free(self.req_host_blocks.pop(rid))
+        return pairs
+
+    def free_host(self, request: Request) -> None:
+        """Drop a swapped-out request's host blocks (abort)."""
+        host_ids = self.req_host_blocks.pop(request.request_id, None)
+        if host_ids:
+            self.host_pool.free(host_ids)
 
 
 def count_prefix_blocks(

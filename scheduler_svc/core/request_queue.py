@@ -65,7 +65,7 @@ class RequestQueue(ABC):
         request = entry[-1]
         entry[-1] = None
         self._dead += 1
-        if self._dead > _COMPACT_MIN and self._dead > len(self._index):
+        if not self._index or (self._dead > _COMPACT_MIN and self._dead > len(self._index)):
             self._rebuild(list(self._live_entries()))
             self._dead = 0
         return request
@@ -121,6 +121,9 @@ class FIFORequestQueue(RequestQueue):
             request = dq.popleft()[0]
             if request is not None:
                 del self._index[request.request_id]
+                if not self._index and self._dead:  # only tombstones left: drop them
+                    self._rebuild([])
+                    self._dead = 0
                 return request
             self._dead -= 1
         raise IndexError("pop from an empty waiting queue")
@@ -167,6 +170,9 @@ class KeyedRequestQueue(RequestQueue):
             request = heapq.heappop(heap)[2]
             if request is not None:
                 del self._index[request.request_id]
+                if not self._index and self._dead:  # only tombstones left: drop them
+                    self._rebuild([])
+                    self._dead = 0
                 return request
             self._dead -= 1
         raise IndexError("pop from an empty waiting queue")

@@ -25,7 +25,11 @@ class SchedulerStats:
     num_scheduled_tokens: int = 0  # prefill + decode
     num_finished: int = 0  # finished by a stop condition or length
     num_aborted: int = 0
-    num_swapped: int = 0  # swap is a later issue; always 0 for now
+    num_swapped: int = 0  # requests whose KV is swapped out to host blocks now
+    num_swap_outs: int = 0  # preemptions that swapped (total)
+    num_swap_ins: int = 0
+    num_free_host_blocks: int = 0
+    num_total_host_blocks: int = 0
     prefix_cache_hit_rate: float = 0.0  # hits / queries
 
     def __getitem__(self, name: str) -> Any:

@@ -235,3 +235,90 @@ def test_abort_from_middle_of_waiting_queue_keeps_order(policy):
     assert [r.request_id for r in s.waiting] == ["r1", "r2", "r4", "r5"]
     out = s.schedule()
     assert list(out.num_scheduled_tokens) == ["r1"]
+
+
+# ---- swap -------------------------------------------------------------------------------------
+
+
+def _swap_setup(**kw) -> Scheduler:
+    # 4 device blocks of 4: r1, r2 (7-token prompts) fill the pool after two steps
+    s = make(num_blocks=4, enable_prefix_caching=False, max_num_batched_tokens=64,
+             preemption_mode="swap", num_host_blocks=4, **kw)
+    s.add_request(req("r1", range(7), arrival=1))
+    s.add_request(req("r2", range(100, 107), arrival=2))
+    for _ in range(2):
+        out = s.schedule()
+        s.update_from_output(out, {rid: [1] for rid in out.num_scheduled_tokens})
+    return s
+
+
+def test_swap_out_keeps_progress_and_copies_computed_blocks_to_host():
+    s = _swap_setup()
+    r2_blocks = s.kv.block_ids("r2")
+    out = s.schedule()  # r1 needs a 3rd block -> r2 (tail) is swapped out
+    assert out.preempted_req_ids == {"r2"}
+    assert out.blocks_to_swap_out == [(r2_blocks[0], 0), (r2_blocks[1], 1)]
+    r2 = s.get_request("r2")
+    assert r2.status is RequestStatus.SWAPPED and r2.num_computed_tokens == 8
+    assert [r.request_id for r in s.swapped] == ["r2"] and len(s.waiting) == 0
+    st = s.stats()
+    assert st.num_swapped == 1 and st.num_swap_outs == 1 and st.num_free_host_blocks == 2
+    s.update_from_output(out, {"r1": [1]})
+    s.abort_request("r1")
+    out = s.schedule()  # back in: 2 blocks copied in + 1 for position 8
+    (c,) = out.cached_requests
+    assert c.resumed and c.num_computed_tokens == 8 and len(c.new_block_ids) == 3
+    assert c.new_token_ids == r2.output_token_ids
+    assert out.blocks_to_swap_in == [(c.new_block_ids[0], 0), (c.new_block_ids[1], 1)]
+    assert out.num_scheduled_tokens == {"r2": 1}
+    s.update_from_output(out, {"r2": [1]})
+    st = s.stats()
+    assert st.num_swapped == 0 and st.num_swap_ins == 1 and st.num_free_host_blocks == 4
+    assert st.num_recomputed_tokens == 0
+
+
+def test_swapped_requests_resume_before_waiting_ones_are_admitted():
+    s = _swap_setup()
+    out = s.schedule()
+    s.update_from_output(out, {"r1": [1]})
+    s.add_request(req("w", [1, 2], arrival=3))  # 1 block would fit, r2 needs 3
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"r1": 1}
+    assert [r.request_id for r in s.waiting] == ["w"]
+
+
+def test_swap_falls_back_to_recompute_when_the_host_is_full():
+    s = make(num_blocks=4, enable_prefix_caching=False, max_num_batched_tokens=64,
+             preemption_mode="swap", num_host_blocks=1)
+    s.add_request(req("r1", range(7), arrival=1))
+    s.add_request(req("r2", range(100, 107), arrival=2))
+    for _ in range(3):
+        out = s.schedule()
+        s.update_from_output(out, {rid: [1] for rid in out.num_scheduled_tokens})
+    assert out.preempted_req_ids == {"r2"} and out.blocks_to_swap_out == []
+    r2 = s.get_request("r2")
+    assert r2.status is RequestStatus.PREEMPTED and r2.num_computed_tokens == 0
+
+
+@pytest.mark.parametrize("min_tokens, swapped", [(8, True), (9, False)])
+def test_auto_swaps_long_victims_and_recomputes_short_ones(min_tokens, swapped):
+    s = make(num_blocks=4, enable_prefix_caching=False, max_num_batched_tokens=64,
+             preemption_mode="auto", num_host_blocks=8, auto_swap_min_tokens=min_tokens)
+    s.add_request(req("r1", range(7), arrival=1))
+    s.add_request(req("r2", range(100, 107), arrival=2))
+    for _ in range(3):
+        out = s.schedule()
+        s.update_from_output(out, {rid: [1] for rid in out.num_scheduled_tokens})
+    assert out.preempted_req_ids == {"r2"}  # it had computed 8 tokens
+    assert bool(out.blocks_to_swap_out) is swapped
+    assert (s.get_request("r2").status is RequestStatus.SWAPPED) is swapped
+
+
+def test_abort_swapped_request_frees_its_host_blocks():
+    s = _swap_setup()
+    out = s.schedule()
+    assert s.stats().num_free_host_blocks == 2
+    assert s.abort_request("r2")
+    assert s.stats().num_free_host_blocks == 4 and s.stats().num_swapped == 0
+    s.update_from_output(out, {"r1": [1], "r2": [5]})
+    assert s.schedule().finished_req_ids == {"r2"}

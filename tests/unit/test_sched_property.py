@@ -53,6 +53,7 @@ class FakeWorker:
     num_blocks: int
     reqs: dict[str, _WorkerReq] = field(default_factory=dict)
     kv: dict[tuple[int, int], int] = field(default_factory=dict)  # (block, slot) -> token
+    host_kv: dict[tuple[int, int], int] = field(default_factory=dict)  # swapped-out copies
     prompt_lens: dict[str, int] = field(default_factory=dict)
 
     def execute(self, out: SchedulerOutput) -> dict[str, list[int]]:
@@ -78,6 +79,9 @@ class FakeWorker:
             else:
                 assert w.computed == c.num_computed_tokens, "worker and scheduler disagree"
                 w.table.extend(c.new_block_ids)
+        # like the model runner: copy out, then in, before the forward
+        self._copy(out.blocks_to_swap_out, self.kv, self.host_kv, out_=True)
+        self._copy(out.blocks_to_swap_in, self.host_kv, self.kv, out_=False)
         scheduled = {n.request_id for n in out.new_requests}
         scheduled |= {c.request_id for c in out.cached_requests}
         assert scheduled == set(out.num_scheduled_tokens), "diff entries != scheduled ids"
@@ -98,6 +102,15 @@ class FakeWorker:
             else:
                 sampled[rid] = []
         return sampled
+
+    def _copy(self, pairs, src, dst, out_: bool) -> None:
+        for dev, host in pairs:
+            s_blk, d_blk = (dev, host) if out_ else (host, dev)
+            for slot in range(self.block_size):
+                if (s_blk, slot) in src:
+                    dst[(d_blk, slot)] = src[(s_blk, slot)]
+                else:
+                    dst.pop((d_blk, slot), None)
 
     def _outputs_len(self, rid: str) -> int:
         """Output tokens the worker holds for a request (its prompt length never changes)."""
@@ -142,18 +155,23 @@ tokens_st = st.integers(0, VOCAB - 1)
 
 
 @st.composite
-def workloads(draw):
+def workloads(draw, pressure: bool = False):
+    """Random configs and requests; ``pressure``: tiny pools, many long requests at once, so
+    preemption (recompute and swap) happens in most examples."""
     cfg = SchedulerConfig(
-        block_size=draw(st.sampled_from([2, 4, 8])),
-        num_blocks=draw(st.integers(8, 40)),
+        block_size=draw(st.sampled_from([2, 4] if pressure else [2, 4, 8])),
+        num_blocks=draw(st.integers(8, 16) if pressure else st.integers(8, 40)),
         max_num_batched_tokens=draw(st.integers(4, 48)),
-        max_num_seqs=draw(st.integers(1, 8)),
+        max_num_seqs=draw(st.integers(3, 8) if pressure else st.integers(1, 8)),
         enable_chunked_prefill=draw(st.booleans()),
         enable_prefix_caching=draw(st.integers(0, 3)) > 0,
         policy=draw(st.sampled_from(["fcfs", "priority"])),
-        watermark=draw(st.sampled_from([0.0, 0.0, 0.0, 0.05, 0.2])),
+        watermark=0.0 if pressure else draw(st.sampled_from([0.0, 0.0, 0.0, 0.05, 0.2])),
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 3, 8])),
-        max_model_len=draw(st.integers(6, 120)),
+        max_model_len=draw(st.integers(60, 120) if pressure else st.integers(6, 120)),
+        preemption_mode=draw(st.sampled_from(["recompute", "swap", "auto"])),
+        num_host_blocks=draw(st.sampled_from([0, 6, 16, 40])),
+        auto_swap_min_tokens=draw(st.integers(0, 16)),
     )
     bs = cfg.block_size
     prefixes = []
@@ -162,14 +180,14 @@ def workloads(draw):
         size = bs * draw(st.integers(1, 4)) if draw(st.booleans()) else draw(st.integers(2, 24))
         prefixes.append(draw(st.lists(tokens_st, min_size=size, max_size=size)))
     specs = []
-    for i in range(draw(st.integers(1, 12))):
+    for i in range(draw(st.integers(5, 12) if pressure else st.integers(1, 12))):
         shared = draw(st.integers(0, 3)) > 0
         base = draw(st.sampled_from(prefixes)) if shared else []
         tail_size = draw(st.sampled_from([0, 0, 1, 2, 5, 9, 16]))
         prompt = base + draw(st.lists(tokens_st, min_size=tail_size, max_size=tail_size))
         if not prompt:
             prompt = [1]
-        max_tokens = draw(st.integers(1, 40))
+        max_tokens = draw(st.integers(10, 40) if pressure else st.integers(1, 40))
         params = SamplingParams(
             max_tokens=max_tokens,
             min_tokens=draw(st.integers(0, min(3, max_tokens))),
@@ -183,7 +201,8 @@ def workloads(draw):
             params=params,
             eos=draw(st.sampled_from([EOS, None, None])),
             priority=draw(st.integers(0, 3)),
-            arrive=draw(st.integers(0, 3)) if draw(st.booleans()) else draw(st.integers(0, 20)),
+            arrive=draw(st.integers(0, 3) if pressure or draw(st.booleans())
+                        else st.integers(0, 20)),
             abort_at=abort_at,
             abort_mid=draw(st.booleans()),
             migrated=draw(st.integers(0, 2)) if draw(st.integers(0, 3)) == 0 else 0,
@@ -208,6 +227,16 @@ def expected_rejection(cfg: SchedulerConfig, spec: Spec, outputs: list[int]) -> 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_random_workloads_keep_every_invariant(workload):
+    run_workload(workload)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(pressure=True))
+def test_random_workloads_under_memory_pressure_keep_every_invariant(workload):
+    run_workload(workload)
+
+
+def run_workload(workload) -> None:
     cfg, specs = workload
     s = Scheduler(cfg)
     worker = FakeWorker(cfg.block_size, cfg.num_blocks)
@@ -248,13 +277,14 @@ def test_random_workloads_keep_every_invariant(workload):
                     aborted.add(rid)
 
         before = {r.request_id: (r.num_computed_tokens, r.num_tokens) for r in s.running}
+        swapped = {r.request_id: r.num_computed_tokens for r in s.swapped}
         order = list(before)
         out = s.schedule()
         for rid in out.preempted_req_ids:
             if any(order.index(rid) < order.index(o) for o in out.num_scheduled_tokens
                    if o in before):
                 event("preempted a request ahead of a scheduled one")
-        _check_step(s, cfg, out, before)
+        _check_step(s, cfg, out, before, swapped)
         finished_reported += list(out.finished_req_ids)
         sampled = worker.execute(out)
 
@@ -283,7 +313,8 @@ def test_random_workloads_keep_every_invariant(workload):
     assert sorted(finished_reported) == sorted(set(finished_reported)), "finished twice"
     assert set(finished_reported) == set(accepted), "a request was lost"
     assert s.stats().kv_usage == 0.0 and pool.num_free_blocks == cfg.num_blocks
-    assert not s.running and len(s.waiting) == 0
+    assert s.stats().num_free_host_blocks == cfg.num_host_blocks
+    assert not s.running and len(s.waiting) == 0 and len(s.swapped) == 0
     for rid in accepted:
         want, reason = reference[rid]
         if rid in aborted:
@@ -298,11 +329,13 @@ def test_random_workloads_keep_every_invariant(workload):
     event(f"preemptions: {min(stats.num_preemptions, 3)}+")
     event(f"prefix hits: {bool(stats.prefix_cache_hits)}")
     event(f"recomputed tokens: {bool(stats.num_recomputed_tokens)}")
+    event(f"swap outs: {min(stats.num_swap_outs, 1)}+")
     event(f"aborted: {bool(aborted)}; rejected: {len(accepted) < len(specs)}")
     event(f"finish reasons: {sorted({r.value for r in reasons.values()})}")
 
 
-def _check_step(s: Scheduler, cfg: SchedulerConfig, out: SchedulerOutput, before) -> None:
+def _check_step(s: Scheduler, cfg: SchedulerConfig, out: SchedulerOutput, before,
+                swapped) -> None:
     bs = cfg.block_size
     assert out.total_num_scheduled_tokens == sum(out.num_scheduled_tokens.values())
     assert out.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
@@ -313,10 +346,20 @@ def _check_step(s: Scheduler, cfg: SchedulerConfig, out: SchedulerOutput, before
     assert len(ids) == len(set(ids)), "request twice in running"
     assert not set(ids) & {r.request_id for r in s.waiting}, "request both running and waiting"
     assert not out.preempted_req_ids & set(out.num_scheduled_tokens)
+    host_in_use = sum(len(h) for h in s.kv.req_host_blocks.values())
+    assert host_in_use + s.stats().num_free_host_blocks == cfg.num_host_blocks
+    assert set(s.kv.req_host_blocks) == {r.request_id for r in s.swapped}
+    if cfg.preemption_mode == "recompute" or not cfg.num_host_blocks:
+        assert not out.blocks_to_swap_out and not s.swapped
     for rid in out.preempted_req_ids:
         r = s.get_request(rid)
-        assert r.status is RequestStatus.PREEMPTED and r.num_computed_tokens == 0
         assert s.kv.num_blocks_of(rid) == 0
+        if r.status is RequestStatus.SWAPPED:  # progress kept, computed KV on the host
+            assert r.num_computed_tokens == before[rid][0]
+            host = s.kv.req_host_blocks[rid]
+            assert len(host) == -(-r.num_computed_tokens // bs)
+        else:  # recompute from scratch
+            assert r.status is RequestStatus.PREEMPTED and r.num_computed_tokens == 0
     admitted = [n.request_id for n in out.new_requests]
     admitted += [c.request_id for c in out.cached_requests if c.resumed]
     if out.preempted_req_ids:
@@ -329,8 +372,15 @@ def _check_step(s: Scheduler, cfg: SchedulerConfig, out: SchedulerOutput, before
             assert 1 <= n <= total - computed
             if cfg.long_prefill_token_threshold and cfg.enable_chunked_prefill:
                 assert n <= cfg.long_prefill_token_threshold
+    swap_ins = 0
+    for c in out.cached_requests:
+        if c.resumed and c.request_id in swapped:  # swapped in: right where it stopped
+            assert c.num_computed_tokens == swapped[c.request_id]
+            swap_ins += -(-c.num_computed_tokens // bs)
+    assert len(out.blocks_to_swap_in) == swap_ins
     entries = {n.request_id: n.num_computed_tokens for n in out.new_requests}
-    entries |= {c.request_id: c.num_computed_tokens for c in out.cached_requests if c.resumed}
+    entries |= {c.request_id: c.num_computed_tokens for c in out.cached_requests
+                if c.resumed and c.request_id not in swapped}
     for rid, hit in entries.items():
         r = s.get_request(rid)
         n = out.num_scheduled_tokens[rid]

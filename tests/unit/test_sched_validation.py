@@ -152,7 +152,7 @@ def test_rejection_leaves_no_trace():
         (dict(watermark=math.nan), "watermark"),
         (dict(policy="lottery"), "unknown scheduling policy 'lottery'; choose one of fcfs"),
         (dict(preemption_mode="teleport"), "unknown preemption_mode 'teleport'"),
-        (dict(preemption_mode="swap"), "not implemented yet"),
+        (dict(auto_swap_min_tokens=-1), "auto_swap_min_tokens"),
         (dict(max_model_len=1), "max_model_len"),
         (dict(long_prefill_token_threshold=-1), "long_prefill_token_threshold"),
     ],
@@ -163,7 +163,9 @@ def test_config_errors(kw, words):
     assert words in str(info.value)
 
 
-def test_config_defaults_and_recompute_accepted():
+def test_config_defaults_and_preemption_modes_accepted():
+    for mode in ("recompute", "swap", "auto"):
+        assert SchedulerConfig(preemption_mode=mode).preemption_mode == mode
     cfg = SchedulerConfig(preemption_mode="recompute", policy="priority")
     assert cfg.block_size == 16 and cfg.num_host_blocks == 0 and cfg.watermark == 0.01
     assert cfg.enable_chunked_prefill and cfg.enable_prefix_caching

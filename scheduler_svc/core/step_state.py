@@ -1,0 +1,25 @@
+"""What one schedule() call has decided so far (shared by the scheduler's phases)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler_svc.core.outputs import CachedRequestData, NewRequestData
+from scheduler_svc.core.request import Request
+
+
+@dataclass(slots=True)
+class StepState:
+    """What one schedule() call has decided so far."""
+
+    step_id: int
+    budget: int
+    num_scheduled: dict[str, int] = field(default_factory=dict)
+    new_reqs: list[NewRequestData] = field(default_factory=list)
+    cached_reqs: list[CachedRequestData] = field(default_factory=list)
+    preempted: set[str] = field(default_factory=set)
+    num_decode: int = 0
+    reqs: list[Request] = field(default_factory=list)  # scheduled, parallel to ns
+    ns: list[int] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
