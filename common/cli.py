@@ -73,6 +73,9 @@ def _generate_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--api-key", default=None)
+    p.add_argument("--tls-ca-file", default=None, help="CA of the scheduler's TLS certificate")
+    p.add_argument("--tls-cert-file", default=None, help="client certificate (mutual TLS)")
+    p.add_argument("--tls-key-file", default=None, help="client key (mutual TLS)")
     p.add_argument("--timeout", type=float, default=None)
 
 
@@ -97,7 +100,11 @@ def run_generate(args: argparse.Namespace) -> int:
     else:
         prompt = args.prompt
     build_request(prompt, **kwargs)  # argument errors before connecting
-    with SplitserveClient(args.scheduler, api_key=args.api_key, timeout=args.timeout) as client:
+    with SplitserveClient(
+        args.scheduler, api_key=args.api_key, timeout=args.timeout,
+        tls_ca_file=args.tls_ca_file, tls_cert_file=args.tls_cert_file,
+        tls_key_file=args.tls_key_file,
+    ) as client:  # fmt: skip
         try:
             if args.json:
                 result = client.generate(prompt, **kwargs)

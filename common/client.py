@@ -10,6 +10,7 @@ import grpc
 from common.pb import generation_pb2 as pb
 from common.pb import generation_pb2_grpc as pb_grpc
 from common.pb import sampling_pb2
+from common.tls import open_channel
 
 FINISH_NAMES = {
     pb.FINISH_REASON_UNSPECIFIED: None,
@@ -86,8 +87,16 @@ class SplitserveClient:
         target: str = "localhost:50051",
         api_key: str | None = None,
         timeout: float | None = None,
+        tls: bool = False,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+        tls_server_name: str | None = None,
     ) -> None:
-        self.channel = grpc.insecure_channel(target)
+        use_tls = tls or bool(tls_ca_file or tls_cert_file)
+        self.channel = open_channel(
+            target, [], use_tls, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name
+        )
         self.stub = pb_grpc.GenerationStub(self.channel)
         self.metadata = [("authorization", f"Bearer {api_key}")] if api_key else None
         self.timeout = timeout

@@ -19,6 +19,7 @@ from typing import Protocol
 from common.convert import TokenLogprobs
 from common.logging import get_logger
 from scheduler_svc import placement
+from scheduler_svc.admission import AdmissionControl, parse_tenants
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.core import (
     FinishReason,
@@ -115,6 +116,10 @@ class ServingEngine:
         self.num_finished = 0
         self.worker_attached = asyncio.Event()
         self.observer = EngineObserver()
+        self.admission = AdmissionControl(
+            config.max_waiting_requests, config.tenant_rate_limit, config.tenant_burst,
+            parse_tenants(config.tenants),
+        )  # fmt: skip
         self.placement = placement.PlacementConfig(
             min_prefix_tokens=config.placement_min_prefix_tokens,
             balance_abs=config.placement_balance_abs,
@@ -128,6 +133,7 @@ class ServingEngine:
             raise RequestRejected(
                 f"request id {state.request_id!r} is already in flight; use a unique id"
             )
+        self.admission.check(state.tenant, len(self.waiting))
         request = state.to_core_request()
         live = self._live_sessions()
         if live:  # refuse now what even the largest worker could never run

@@ -7,6 +7,7 @@ import grpc
 from common.logging import get_logger
 from common.pb import generation_pb2 as pb
 from common.pb import generation_pb2_grpc as pb_grpc
+from scheduler_svc.admission import error_code
 from scheduler_svc.core import FinishReason, RequestRejected
 from scheduler_svc.engine import ServingEngine
 from scheduler_svc.intake import Intake
@@ -53,8 +54,14 @@ class GenerationService(pb_grpc.GenerationServicer):
             state = self.intake.build(request)
             self.engine.submit(state)
         except RequestRejected as exc:
-            self.engine.observer.on_request_rejected("invalid")
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            code = error_code(exc)
+            self.engine.observer.on_request_rejected(
+                "overloaded" if code == "RESOURCE_EXHAUSTED" else "invalid"
+            )
+            retry_after = getattr(exc, "retry_after_s", None)
+            if retry_after is not None:
+                context.set_trailing_metadata((("retry-after", f"{retry_after:.1f}"),))
+            await context.abort(getattr(grpc.StatusCode, code), str(exc))
         request_id = state.request_id
         prompt_tokens = len(state.prompt_token_ids)
         log.info(

@@ -15,6 +15,8 @@ from scheduler_svc.request_state import RequestState
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_LEN = 256
 MAX_REQUEST_ID_LEN = 256
+MAX_TENANT_LEN = 128
+PRIORITY_RANGE = (-1_000_000, 1_000_000)  # lower = more important
 
 
 class Intake:
@@ -102,6 +104,13 @@ class Intake:
     ) -> RequestState:
         if not prompt:
             raise RequestRejected("the prompt is empty after tokenization")
+        low, high = PRIORITY_RANGE
+        if not low <= priority <= high:
+            raise RequestRejected(f"priority {priority} is outside [{low}, {high}]")
+        if tenant is not None and (len(tenant) > MAX_TENANT_LEN or not tenant.isprintable()):
+            raise RequestRejected(
+                f"tenant must be printable and at most {MAX_TENANT_LEN} characters"
+            )
         if len(prompt) >= self.max_model_len:
             raise RequestRejected(
                 f"the prompt has {len(prompt)} tokens but max_model_len is {self.max_model_len}; "

@@ -12,6 +12,7 @@ from grpc_reflection.v1alpha import reflection
 from common.logging import configure_logging, get_logger
 from common.model_source import resolve_model
 from common.pb import generation_pb2, generation_pb2_grpc, worker_link_pb2, worker_link_pb2_grpc
+from common.tls import add_port
 from common.tokenizer import load_tokenizer
 from scheduler_svc.auth import ApiKeyInterceptor
 from scheduler_svc.config import SchedulerServiceConfig
@@ -25,6 +26,7 @@ from scheduler_svc.metrics import MetricsObserver, ObserverGroup
 from scheduler_svc.worker_link_service import WorkerLinkService
 
 log = get_logger("splitserve.scheduler")
+WORKER_LINK_MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a step may carry many long new prompts
 
 
 def check_config(cfg: SchedulerServiceConfig) -> None:
@@ -73,8 +75,9 @@ class SchedulerServer:
             interceptors.append(ApiKeyInterceptor(cfg.api_key, refused))
         self.client_server = grpc.aio.server(options=options, interceptors=interceptors)
         self.worker_server = grpc.aio.server(
-            options=options
-            + [
+            options=[
+                ("grpc.max_receive_message_length", WORKER_LINK_MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", WORKER_LINK_MAX_MESSAGE_BYTES),
                 ("grpc.keepalive_time_ms", 10_000),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
@@ -104,8 +107,16 @@ class SchedulerServer:
             ),
             self.worker_server,
         )
-        self.port = self.client_server.add_insecure_port(f"{cfg.host}:{cfg.port}")
-        self.worker_port = self.worker_server.add_insecure_port(f"{cfg.host}:{cfg.worker_port}")
+        self.port = add_port(
+            self.client_server,
+            f"{cfg.host}:{cfg.port}",
+            cfg.tls_cert_file,
+            cfg.tls_key_file,
+            cfg.tls_client_ca_file,
+        )
+        self.worker_port = add_port(self.worker_server, f"{cfg.host}:{cfg.worker_port}",
+                                    cfg.worker_tls_cert_file, cfg.worker_tls_key_file,
+                                    cfg.worker_tls_ca_file)  # fmt: skip
         self.http_ctx = HttpContext(
             self.engine, self.intake, cfg.api_key, self.metrics, self.history
         )

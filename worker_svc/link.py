@@ -14,6 +14,7 @@ from common.convert import decode_step, encode_step_result
 from common.logging import get_logger
 from common.pb import worker_link_pb2 as pb
 from common.pb import worker_link_pb2_grpc as pb_grpc
+from common.tls import open_channel
 
 log = get_logger("splitserve.worker")
 
@@ -31,6 +32,11 @@ class WorkerLinkConfig:
     reconnect_max_backoff: float = _opt(10.0, "longest wait between reconnect attempts")
     drain_timeout: float = _opt(30.0, "on SIGTERM: seconds to finish running requests")
     max_message_bytes: int = _opt(64 * 1024 * 1024, "largest gRPC message accepted")
+    tls: bool = _opt(False, "dial the scheduler over TLS")
+    tls_ca_file: str = _opt("", "CA that signed the scheduler's certificate (implies --tls)")
+    tls_cert_file: str = _opt("", "this worker's certificate, for mutual TLS")
+    tls_key_file: str = _opt("", "this worker's private key, for mutual TLS")
+    tls_server_name: str = _opt("", "expected name in the scheduler's certificate")
     log_level: str = _opt("info", "log level")
     log_json: bool = _opt(True, "JSON log lines")
 
@@ -129,7 +135,13 @@ class WorkerLinkClient:
             ("grpc.keepalive_time_ms", 10_000),
         ]
         attached = False
-        with grpc.insecure_channel(self.cfg.scheduler, options=options) as channel:
+        cfg = self.cfg
+        channel = open_channel(
+            cfg.scheduler, options, cfg.tls or bool(cfg.tls_ca_file or cfg.tls_cert_file),
+            cfg.tls_ca_file or None, cfg.tls_cert_file or None, cfg.tls_key_file or None,
+            cfg.tls_server_name or None,
+        )  # fmt: skip
+        with channel:
             stub = pb_grpc.WorkerLinkStub(channel)
             self._call = call = stub.Connect(requests())
             threading.Thread(target=heartbeats, daemon=True).start()

@@ -43,13 +43,19 @@ class OpenAIError(Exception):
     """Raised by route code; rendered as OpenAI's error body with this status."""
 
     def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.retry_after_s = retry_after_s
 
     @classmethod
     def from_error_code(cls, error_code: str, message: str) -> OpenAIError:
@@ -101,7 +107,10 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.code)
+        response = error_response(exc.status, exc.message, exc.param, exc.code)
+        if exc.retry_after_s is not None:
+            response.headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

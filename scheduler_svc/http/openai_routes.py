@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from common.logging import get_logger
+from scheduler_svc.admission import Overloaded
 from scheduler_svc.core import RequestRejected
 from scheduler_svc.http.build import build_chat, build_completion, check_model
 from scheduler_svc.http.context import HttpContext
@@ -88,6 +89,10 @@ async def _serve(
     engine = ctx.engine
     try:
         engine.submit(state)
+    except Overloaded as exc:
+        engine.observer.on_request_rejected("overloaded")
+        raise OpenAIError(429, str(exc), None, "rate_limit_exceeded",
+                          retry_after_s=exc.retry_after_s) from exc  # fmt: skip
     except RequestRejected as exc:
         engine.observer.on_request_rejected("invalid")
         raise OpenAIError(400, str(exc), None, "invalid_request") from exc
