@@ -28,8 +28,11 @@ REGISTER_TIMEOUT_S = 30.0
 class GrpcWorkerTransport:
     """One worker's stream: write a Step, wait for its StepResult; watch for silence."""
 
-    def __init__(self, context: grpc.aio.ServicerContext, timeout_s: float) -> None:
+    def __init__(
+        self, context: grpc.aio.ServicerContext, timeout_s: float, vocab_size: int = 2**31
+    ) -> None:
         self.context = context
+        self.vocab_size = vocab_size
         self.timeout_s = timeout_s
         self.handles = HandleTable()
         self.last_heard = time.monotonic()
@@ -60,6 +63,13 @@ class GrpcWorkerTransport:
             raise WorkerLost(
                 f"worker answered for {len(sampled)} requests, {len(expected)} were scheduled"
             )
+        vocab = self.vocab_size
+        for req_id, tokens in sampled.items():
+            if len(tokens) > 1 or (tokens and not 0 <= tokens[0] < vocab):
+                raise WorkerLost(
+                    f"worker answered {tokens[:4]} for request {req_id}: at most one token "
+                    f"below the vocabulary size {vocab} was expected"
+                )
         return StepReply(
             sampled, logprobs, result.forward_time_s, result.step_time_s, result.idle_time_s
         )
@@ -147,7 +157,9 @@ class WorkerLinkService(pb_grpc.WorkerLinkServicer):
             await context.abort(*problem)
         self._counter += 1
         worker_id = reg.worker_id or f"worker-{self._counter}"
-        transport = GrpcWorkerTransport(context, self.engine.config.worker_timeout)
+        transport = GrpcWorkerTransport(
+            context, self.engine.config.worker_timeout, reg.vocab_size or 2**31
+        )
         registration = WorkerRegistration(
             worker_id=worker_id,
             model=reg.model,
