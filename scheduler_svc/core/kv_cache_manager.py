@@ -1,10 +1,12 @@
 """Per-request KV block tables on top of the BlockPool: prefix lookup, allocation, caching, free.
 
 Token positions [i * block_size, (i + 1) * block_size) of a request live in its i-th block. A
-block is registered in the prefix cache once it is FULL and its KV is COMPUTED (the step that
-computed it came back), under the chained hash of its tokens; a later request with the same
-prefix reuses it. A prefix hit is capped so that the last known token is always computed (the
-model must run on at least one token to sample the next).
+block is registered in the prefix cache, under the chained hash of its tokens, as soon as a step
+that FILLS it is scheduled (as vLLM does): the worker writes every scheduled token's K/V into the
+cache before any attention of that layer reads it, so a request admitted later in the same step
+can already reuse it. If that step is taken back (its request preempted within the same
+schedule()), uncache_uncomputed() drops those registrations again. A prefix hit is capped so that
+the last known token is always computed (the model must run on at least one token to sample).
 """
 
 from __future__ import annotations
@@ -99,15 +101,16 @@ class KVCacheManager:
             hits.append(block)
         return hits
 
-    def cache_full_blocks(self, request: Request) -> None:
-        """Register the request's full blocks whose KV is computed (num_computed_tokens)."""
+    def cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Register the request's blocks that are full within its first ``num_tokens`` tokens
+        (computed, or being computed in the step just scheduled)."""
         if not self.enable_caching:
             return
         rid = request.request_id
         blocks = self.req_blocks.get(rid)
         if not blocks:
             return
-        num_full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
         num_full = min(num_full, len(blocks))
         start = self._num_cached_blocks.get(rid, 0)
         if num_full <= start:
@@ -117,6 +120,24 @@ class KVCacheManager:
         for i in range(start, num_full):
             cache_block(blocks[i], hashes[i])
         self._num_cached_blocks[rid] = num_full
+
+    def uncache_uncomputed(self, request: Request) -> None:
+        """Drop the registrations of the request's blocks beyond its num_computed_tokens: a step
+        that would have filled them was taken back, so their KV will never be written."""
+        rid = request.request_id
+        blocks = self.req_blocks.get(rid)
+        keep = request.num_computed_tokens // self.block_size
+        num_cached = self._num_cached_blocks.get(rid, 0)
+        if not blocks or num_cached <= keep:
+            return
+        cached = self.pool.cached
+        for block in blocks[keep:num_cached]:  # its own blocks: hits never reach this far
+            h = block.block_hash
+            if h is not None:
+                if cached.get(h) is block:
+                    del cached[h]
+                block.block_hash = None
+        self._num_cached_blocks[rid] = keep
 
     # -- allocation -------------------------------------------------------------------------
     def allocate_slots(
@@ -140,6 +161,8 @@ class KVCacheManager:
         if num_new <= 0 and not num_hit:
             if blocks is None:
                 self.req_blocks[rid] = []
+            elif self.enable_caching:
+                self.cache_full_blocks(request, need_tokens)
             return _NO_BLOCKS
         num_new = max(num_new, 0)
         pool = self.pool
@@ -156,10 +179,10 @@ class KVCacheManager:
             blocks.extend(new_computed_blocks)
             if have == 0:
                 self._num_cached_blocks[rid] = num_hit
-        if not num_new:
-            return _NO_BLOCKS
-        new_blocks = pool.allocate(num_new)
+        new_blocks = pool.allocate(num_new) if num_new else _NO_BLOCKS
         blocks.extend(new_blocks)
+        if self.enable_caching:
+            self.cache_full_blocks(request, need_tokens)
         return new_blocks
 
     def free(self, request: Request) -> None:
@@ -206,6 +229,8 @@ class KVCacheManager:
         self.req_blocks[rid] = blocks
         pairs = [(blocks[i].block_id, host) for i, host in enumerate(host_ids)]
         self.host_pool.free(self.req_host_blocks.pop(rid))
+        # copied in before the forward: its full blocks are as good as computed ones
+        self.cache_full_blocks(request, request.num_computed_tokens + num_new_tokens)
         return pairs
 
     def free_host(self, request: Request) -> None:

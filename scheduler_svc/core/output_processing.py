@@ -23,8 +23,6 @@ class OutputProcessorMixin:
     _running_by_id: dict[str, Request]
     _worker_known: set[str]
     _finished_pending: set[str]
-    _block_size: int
-    _caching: bool
     _length_limit: int
     _last_out: SchedulerOutput | None
     _last_reqs: list[Request]
@@ -46,8 +44,6 @@ class OutputProcessorMixin:
         outputs: list[RequestOutput] = []
         append_output = outputs.append
         step_id = out.step_id
-        bs = self._block_size
-        caching = self._caching
         length_limit = self._length_limit
         any_finished = False
         for req, n in pairs:
@@ -61,8 +57,6 @@ class OutputProcessorMixin:
                 self._num_recomputed += (c if c < hwm else hwm) - start
             if c > hwm:
                 req.max_computed_tokens = c
-            if caching and c // bs != start // bs:  # the step filled a block: cache it
-                self.kv.cache_full_blocks(req)
             out_ids = req.output_token_ids
             prompt_len = len(req.prompt_token_ids)
             if c < prompt_len + len(out_ids):

@@ -3,8 +3,8 @@
 One progress model: a request's ``num_computed_tokens`` chases its ``num_tokens`` (prompt +
 output; "tokens known"), so prefill, chunked prefill, prefix-cache hits and decode are the same
 loop. ``num_computed_tokens`` is advanced in schedule(), right when the step is decided (as vLLM
-V1 does); update_from_output() then appends the sampled tokens, checks stop conditions and
-registers the blocks the step filled in the prefix cache.
+V1 does), and blocks the step fills are registered in the prefix cache then; update_from_output()
+appends the sampled tokens, checks stop conditions and finishes requests.
 
 A step: running requests first (in admission order), each gets min(remaining, budget) tokens; if
 its KV blocks cannot be allocated, victims chosen by the policy are preempted (recompute: blocks
@@ -177,6 +177,7 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
     def _schedule_running(self, step: StepState) -> None:
         running = self.running
         threshold = self._threshold
+        caching = self._caching
         bs = self._block_size
         bs1 = bs - 1
         num_scheduled = step.num_scheduled
@@ -201,6 +202,8 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
             # block boundary needs the block pool at all
             if (c + n + bs1) // bs == (c + bs1) // bs:
                 new_ids = []
+                if caching and (c + n) // bs != c // bs:  # this step fills a block
+                    self.kv.cache_full_blocks(req, c + n)
             else:
                 new_blocks = self.kv.allocate_slots(req, n)
                 if new_blocks is None:
@@ -250,6 +253,7 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
         if n == 1 and victim.num_computed_tokens == victim.num_tokens and victim.output_token_ids:
             step.num_decode -= 1
         victim.num_computed_tokens -= n  # those tokens will not be computed in this step
+        self.kv.uncache_uncomputed(victim)  # nor will the blocks they would have filled
         cached = step.cached_reqs
         for j in range(len(cached) - 1, -1, -1):
             if cached[j].request_id == rid:

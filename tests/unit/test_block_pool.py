@@ -141,10 +141,9 @@ def test_manager_allocation_failure_changes_nothing():
 def test_manager_prefix_lookup_register_and_cap():
     kv = KVCacheManager(num_blocks=16, block_size=4)
     a = _req("a", range(10))
-    kv.allocate_slots(a, 10)
-    assert kv.find_cached_prefix(_req("x", range(10))) == []  # nothing computed yet
+    assert kv.find_cached_prefix(_req("x", range(10))) == []
+    kv.allocate_slots(a, 10)  # the step computing 0..9 fills blocks 0 and 1: registered now
     a.num_computed_tokens = 10
-    kv.cache_full_blocks(a)  # positions 0..7 -> 2 full blocks
     assert len(kv.pool.cached) == 2
     b = _req("b", list(range(8)) + [42, 43])
     hits = kv.find_cached_prefix(b)
@@ -169,7 +168,6 @@ def test_manager_hit_on_cached_free_blocks_counts_them_against_free():
     a = _req("a", range(8))
     kv.allocate_slots(a, 8)
     a.num_computed_tokens = 8
-    kv.cache_full_blocks(a)
     kv.free(a)
     b = _req("b", list(range(8)) + [1, 2, 3, 4, 5])  # 2 hits + needs 2 more blocks; 3 total
     hits = kv.find_cached_prefix(b)
@@ -184,5 +182,21 @@ def test_caching_disabled_never_hits():
     a = _req("a", range(8))
     kv.allocate_slots(a, 8)
     a.num_computed_tokens = 8
-    kv.cache_full_blocks(a)
+    kv.cache_full_blocks(a, 8)
     assert not kv.pool.cached and kv.find_cached_prefix(_req("b", range(12))) == []
+
+
+def test_blocks_filled_during_decode_are_registered_and_taken_back_ones_dropped():
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    a = _req("a", range(6))
+    kv.allocate_slots(a, 6)  # fills block 0 only
+    assert len(kv.pool.cached) == 1
+    a.num_computed_tokens = 6
+    a.output_token_ids += [7, 8]
+    kv.cache_full_blocks(a, 8)  # the decode step computing position 7 fills block 1
+    assert len(kv.pool.cached) == 2
+    a.num_computed_tokens = 7  # ... but that step was taken back (preempted in schedule())
+    kv.uncache_uncomputed(a)
+    assert len(kv.pool.cached) == 1 and kv.req_blocks["a"][1].block_hash is None
+    kv.free(a)
+    kv.pool.check_invariants()

@@ -62,8 +62,10 @@ class FakeWorker:
             self.reqs.pop(rid, None)
         for rid in out.preempted_req_ids:
             assert rid in self.reqs, "preempted a request the worker never saw"
+        fresh: list[int] = []  # blocks newly given to a request: whatever they held is garbage
         for new in out.new_requests:
             assert new.request_id not in self.reqs, "new request the worker already holds"
+            fresh += new.block_ids[new.num_computed_tokens // bs :]  # after the prefix hit
             self.reqs[new.request_id] = _WorkerReq(
                 list(new.prompt_token_ids) + list(new.output_token_ids),
                 list(new.block_ids),
@@ -76,12 +78,19 @@ class FakeWorker:
                 w.tokens = w.tokens[:prompt_len] + list(c.new_token_ids)
                 w.table = list(c.new_block_ids)
                 w.computed = c.num_computed_tokens
+                fresh += c.new_block_ids[c.num_computed_tokens // bs :]
             else:
                 assert w.computed == c.num_computed_tokens, "worker and scheduler disagree"
                 w.table.extend(c.new_block_ids)
+                fresh += c.new_block_ids
         # like the model runner: copy out, then in, before the forward
         self._copy(out.blocks_to_swap_out, self.kv, self.host_kv, out_=True)
         self._copy(out.blocks_to_swap_in, self.host_kv, self.kv, out_=False)
+        swapped_in = {dev for dev, _ in out.blocks_to_swap_in}
+        for blk in fresh:  # a fresh block must be written before anything reads it
+            if blk not in swapped_in:
+                for slot in range(bs):
+                    self.kv.pop((blk, slot), None)
         scheduled = {n.request_id for n in out.new_requests}
         scheduled |= {c.request_id for c in out.cached_requests}
         assert scheduled == set(out.num_scheduled_tokens), "diff entries != scheduled ids"
@@ -287,6 +296,9 @@ def run_workload(workload) -> None:
         _check_step(s, cfg, out, before, swapped)
         finished_reported += list(out.finished_req_ids)
         sampled = worker.execute(out)
+        for blk in pool.cached.values():  # a cached block holds K/V for every slot
+            assert all((blk.block_id, i) in worker.kv for i in range(cfg.block_size)), (
+                f"block {blk.block_id} is in the prefix cache but was never fully written")
 
         for rid, spec in accepted.items():  # aborts between schedule() and the results
             if spec.abort_at == step and spec.abort_mid and rid not in reasons:

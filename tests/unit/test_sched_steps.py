@@ -207,6 +207,19 @@ def test_prefix_hit_across_requests_is_whole_blocks_and_spends_no_budget():
     assert out.total_num_scheduled_tokens == 4
 
 
+def test_prefix_shared_within_one_step_by_requests_admitted_together():
+    # the first request's step fills the blocks; the worker writes K/V before attention reads
+    # it, so the second one admitted in the same step already reuses them (as in vLLM)
+    s = make(block_size=4, max_num_batched_tokens=64)
+    s.add_request(req("a", list(range(8)) + [50]))
+    s.add_request(req("b", list(range(8)) + [60]))
+    out = s.schedule()
+    a, b = out.new_requests
+    assert (a.num_computed_tokens, b.num_computed_tokens) == (0, 8)
+    assert b.block_ids[:2] == a.block_ids[:2]
+    assert out.num_scheduled_tokens == {"a": 9, "b": 1}
+
+
 def test_prefix_hit_is_capped_so_the_last_token_is_computed():
     s = make(block_size=4)
     s.add_request(req("a", range(8), max_tokens=1))
@@ -368,6 +381,20 @@ def test_priority_victim_is_max_priority_then_latest_arrival_and_gives_back_its_
     assert out.total_num_scheduled_tokens == 2
     assert cached_ids(out) == ["y", "z"]
     assert [r.request_id for r in s.running] == ["y", "z"]
+
+
+def test_victim_given_back_does_not_leave_the_block_it_would_have_filled_cached():
+    s = make(num_blocks=6, block_size=4, max_num_batched_tokens=64, policy="priority")
+    s.add_request(req("x", range(6), priority=5, arrival=1.0))
+    step(s)
+    s.add_request(req("y", range(100, 108), priority=0, arrival=2.0))
+    s.add_request(req("z", range(200, 207), priority=0, arrival=3.0))
+    step(s)
+    x = s.get_request("x")
+    out = s.schedule()  # x's token at position 7 would fill its block 1; x is taken back
+    assert out.preempted_req_ids == {"x"}
+    probe = Request("probe", x.all_token_ids + [1], SamplingParams())
+    assert len(s.kv.find_cached_prefix(probe)) == 1  # block 0 only: block 1 never computed
 
 
 def test_priority_victim_tie_on_priority_is_the_later_arrival():
