@@ -17,6 +17,19 @@ MAX_STOP_STRING_LEN = 256
 MAX_REQUEST_ID_LEN = 256
 MAX_TENANT_LEN = 128
 PRIORITY_RANGE = (-1_000_000, 1_000_000)  # lower = more important
+MAX_LOGPROBS = 20
+PENALTY_RANGE = (-2.0, 2.0)  # presence and frequency penalties, as OpenAI's API
+
+
+def check_service_limits(params) -> None:
+    """Limits of this service on top of the core's validation."""
+    low, high = PENALTY_RANGE
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(params, name)
+        if not low <= value <= high:  # also refuses NaN
+            raise RequestRejected(f"{name} must be in [{low:g}, {high:g}]; got {value!r}")
+    if params.logprobs is not None and params.logprobs > MAX_LOGPROBS:
+        raise RequestRejected(f"logprobs must be at most {MAX_LOGPROBS}; got {params.logprobs}")
 
 
 class Intake:
@@ -104,6 +117,8 @@ class Intake:
     ) -> RequestState:
         if not prompt:
             raise RequestRejected("the prompt is empty after tokenization")
+        validate_sampling_params(params)
+        check_service_limits(params)
         low, high = PRIORITY_RANGE
         if not low <= priority <= high:
             raise RequestRejected(f"priority {priority} is outside [{low}, {high}]")

@@ -11,7 +11,8 @@ from grpc_reflection.v1alpha import reflection
 
 from common.logging import configure_logging, get_logger
 from common.model_source import resolve_model
-from common.pb import generation_pb2, generation_pb2_grpc, worker_link_pb2, worker_link_pb2_grpc
+from common.pb import generation_pb2, worker_link_pb2, worker_link_pb2_grpc
+from common.safe_handlers import add_servicer
 from common.tls import add_port
 from common.tokenizer import load_tokenizer
 from scheduler_svc.auth import ApiKeyInterceptor
@@ -84,8 +85,10 @@ class SchedulerServer:
             ]
         )
         self.health = health.aio.HealthServicer()
-        generation_pb2_grpc.add_GenerationServicer_to_server(
-            GenerationService(self.engine, self.intake), self.client_server
+        add_servicer(  # parses requests itself: broken bytes get INVALID_ARGUMENT
+            GenerationService(self.engine, self.intake),
+            self.client_server,
+            generation_pb2.DESCRIPTOR.services_by_name["Generation"],
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.client_server)
         reflection.enable_server_reflection(
