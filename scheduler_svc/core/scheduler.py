@@ -290,7 +290,6 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
         victim.num_computed_tokens = 0
         self.waiting.prepend(victim)
 
-    # ---- results ---------------------------------------------------------------------------
     # ---- introspection ---------------------------------------------------------------------
     def stats(self) -> SchedulerStats:
         pool = self.kv.pool

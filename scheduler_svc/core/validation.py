@@ -99,9 +99,9 @@ def validate_request(request: Request, config: SchedulerConfig) -> None:
 
     max_len = config.max_model_len
     if prompt_len >= max_len:
+        # (a prompt of exactly max_model_len tokens leaves no room for a single output token)
         raise RequestRejected(
-            f"prompt has {prompt_len} tokens but max_model_len is {max_len}; shorten the prompt "
-            f"to at most {max_len - 1} tokens to leave room for output"
+            f"prompt has {prompt_len} tokens but max_model_len is {max_len}; shorten the prompt"
         )
     num_out = len(request.output_token_ids)
     num_tokens = prompt_len + num_out
