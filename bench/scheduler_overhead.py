@@ -3,8 +3,9 @@
 N requests decode (one token each per step) while W more wait in the queue and cannot be admitted
 (max_num_seqs = N), so the cost of one step should grow with N only, and not with W.
 
-Each configuration is measured twice: with CPython's default garbage-collector thresholds, and
-with the thresholds a serving process would set (gen0 at 50,000 allocations). A decode step
+Each configuration is measured twice: with CPython's default garbage-collector settings, and
+"tuned" as a serving process would run (scheduler_svc.core.tune_gc_for_serving(): survivors of
+setup frozen, gen0 threshold 50,000 allocations). A decode step
 allocates ~4 small objects per request (the diff entry, the RequestOutput and their lists); with
 a 700-allocation gen0 threshold and 1,000+ requests, those are still alive at collection time,
 get promoted, and trigger full collections that walk the whole heap (blocks, waiting requests),
@@ -33,7 +34,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scheduler_svc.core import Request, SamplingParams, Scheduler, SchedulerConfig  # noqa: E402
+from scheduler_svc.core import (  # noqa: E402
+    Request,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+    restore_gc,
+    tune_gc_for_serving,
+)
 
 PROMPT = 32
 BLOCK = 16
@@ -41,7 +49,7 @@ BLOCK = 16
 
 def build(num_running: int, num_waiting: int, steps: int) -> tuple[Scheduler, dict]:
     """A scheduler with num_running requests in decode and num_waiting stuck in the queue."""
-    max_len = PROMPT + BLOCK + steps * 4 + 64
+    max_len = PROMPT + BLOCK + steps + 64  # nobody reaches it during the measured steps
     blocks_per_req = -(-max_len // BLOCK)
     cfg = SchedulerConfig(
         max_num_batched_tokens=max(4 * num_running, 2048),  # prefill everyone quickly
@@ -52,7 +60,7 @@ def build(num_running: int, num_waiting: int, steps: int) -> tuple[Scheduler, di
         policy="fcfs",
     )
     s = Scheduler(cfg)
-    params = SamplingParams(max_tokens=max_len - PROMPT - 1, ignore_eos=True)
+    params = SamplingParams(max_tokens=steps + 32, ignore_eos=True)
     for i in range(num_running):
         # prompt lengths spread over a block so block boundaries are crossed on different steps
         n = PROMPT + i % BLOCK
@@ -80,14 +88,14 @@ def gc_mode(mode: str):
     old = gc.get_threshold()
     gc.collect()
     if mode == "tuned":
-        gc.set_threshold(50_000, 20, 10)
+        old = tune_gc_for_serving()
     elif mode == "off":
         gc.disable()
     try:
         yield
     finally:
         gc.enable()
-        gc.set_threshold(*old)
+        restore_gc(old)
 
 
 def measure(num_running: int, num_waiting: int, steps: int, repeats: int, mode: str) -> dict:
@@ -111,6 +119,7 @@ def measure(num_running: int, num_waiting: int, steps: int, repeats: int, mode: 
     return {
         "running": num_running,
         "waiting": num_waiting,
+        "num_blocks": s.config.num_blocks,
         "gc": mode,
         "steps": steps,
         "us_per_step": best * 1e6,

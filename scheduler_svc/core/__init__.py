@@ -3,6 +3,7 @@
 from scheduler_svc.core.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock, hash_block_tokens
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.errors import RequestRejected, SchedulerConfigError
+from scheduler_svc.core.gc_tuning import restore_gc, tune_gc_for_serving
 from scheduler_svc.core.kv_cache_manager import KVCacheManager, count_prefix_blocks
 from scheduler_svc.core.outputs import (
     CachedRequestData,
@@ -60,6 +61,8 @@ __all__ = [
     "create_request_queue",
     "hash_block_tokens",
     "register_policy",
+    "restore_gc",
+    "tune_gc_for_serving",
     "unregister_policy",
     "validate_request",
     "validate_sampling_params",
