@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PROTOS := $(wildcard proto/*.proto)
 
-.PHONY: install run test test-fast lint proto bench clean
+.PHONY: install run test test-fast lint proto bench clean soak
 
 install: $(STAMP)
 
@@ -27,6 +27,10 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q -p no:cacheprovider tests -m "not slow and not e2e"
+
+# 10 minutes of requests while workers are killed and frozen (CI runs a 25 s version)
+soak: install
+	SPLITSERVE_SOAK_SECONDS=600 $(PY) -m pytest -q -s -p no:cacheprovider tests/e2e/test_soak.py
 
 lint: install
 	$(VENV)/bin/ruff check .
