@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -54,10 +55,7 @@ def test_request_lifecycle_counts():
     assert v["splitserve:time_to_first_token_seconds_count"] == 1
     assert v["splitserve:time_to_first_token_seconds_sum"] == 1.0
     assert v["splitserve:inter_token_latency_seconds_count"] == 3
-    assert (
-        v["splitserve:time_per_output_token_seconds_sum"] == 0.1
-        or abs(v["splitserve:time_per_output_token_seconds_sum"] - 0.1) < 1e-9
-    )
+    assert v["splitserve:time_per_output_token_seconds_sum"] == pytest.approx(0.1)
     assert v["splitserve:e2e_request_latency_seconds_sum"] == 1.5
     assert v["splitserve:request_queue_time_seconds_count"] == 1
     assert v["splitserve:request_success_total|length"] == 1
