@@ -8,6 +8,12 @@ from dataclasses import dataclass, field
 from common.convert import TokenLogprobs
 from scheduler_svc.request_state import StreamDelta
 
+MIN_LOGPROB = -9999.0  # stands for -inf (JSON has no infinities), as vLLM does
+
+
+def _lp(value: float) -> float:
+    return value if value >= MIN_LOGPROB else MIN_LOGPROB  # also maps NaN
+
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {
@@ -37,7 +43,7 @@ class ResponseFormatter:
 
     def _chat_logprob(self, token_id: int, logprob: float) -> dict:
         text = self._token_text(token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        return {"token": text, "logprob": _lp(logprob), "bytes": list(text.encode())}
 
     def logprobs(self, entries: list[TokenLogprobs] | None) -> dict | None:
         if not self.want_logprobs:
@@ -61,8 +67,8 @@ class ResponseFormatter:
             self.text_offset += len(text)
         return {
             "tokens": tokens,
-            "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{self._token_text(t): lp for t, lp in e.top} for e in entries],
+            "token_logprobs": [_lp(e.logprob) for e in entries],
+            "top_logprobs": [{self._token_text(t): _lp(lp) for t, lp in e.top} for e in entries],
             "text_offset": offsets,
         }
 

@@ -350,3 +350,16 @@ def test_client_disconnect_mid_stream_drops_the_request():
     assert stats.num_running == 0 and stats.num_used_blocks == 0
     tokens = sum(len(sse_events(c.decode())) for c in chunks)
     assert tokens < 400
+
+
+def test_infinite_logprobs_become_finite_json():
+    from common.convert import TokenLogprobs
+    from scheduler_svc.http.format import ResponseFormatter
+    from scheduler_svc.request_state import StreamDelta
+
+    fmt = ResponseFormatter(True, "id", MODEL, 3, TOK, want_logprobs=True)
+    delta = StreamDelta(
+        [42], "x", logprobs=[TokenLogprobs(42, float("-inf"), [(42, float("nan"))])]
+    )
+    body = json.dumps(fmt.chunk(delta), allow_nan=False)  # would raise on inf / nan
+    assert "-9999.0" in body
