@@ -297,7 +297,10 @@ class ServingEngine:
             max_model_len=min(cfg.max_model_len, registration.max_model_len),
             long_prefill_token_threshold=cfg.long_prefill_token_threshold,
         )
-        session = WorkerSession(registration, Scheduler(sched_cfg), transport)
+        # every worker's local queue orders with the engine's policy object, so policy state
+        # (aging, per-tenant service) is global
+        local_queue = create_request_queue(self.policy)
+        session = WorkerSession(registration, Scheduler(sched_cfg, local_queue), transport)
         self.sessions[registration.worker_id] = session
         self.worker_attached.set()
         self.observer.on_worker_attached(session)

@@ -17,7 +17,7 @@ from common.tls import add_port
 from common.tokenizer import load_tokenizer
 from scheduler_svc.auth import ApiKeyInterceptor
 from scheduler_svc.config import SchedulerServiceConfig
-from scheduler_svc.core import SchedulerConfig
+from scheduler_svc.core import SchedulerConfig, tune_gc_for_serving
 from scheduler_svc.dashboard.history import DashboardHistory
 from scheduler_svc.engine import ServingEngine
 from scheduler_svc.generation_service import GenerationService
@@ -161,6 +161,7 @@ class SchedulerServer:
 async def serve(cfg: SchedulerServiceConfig) -> None:
     server = SchedulerServer(cfg)
     await server.start()
+    tune_gc_for_serving()  # keeps per-step cost flat with many running requests
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
