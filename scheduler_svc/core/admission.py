@@ -41,6 +41,8 @@ class AdmissionMixin:
     _prefix_hits: int
     _num_swap_ins: int
 
+    def _note_computed(self, req: Request, c: int, n: int) -> None: ...
+
     def _schedule_swapped(self, step: StepState) -> None:
         """Resume swapped-out requests (head first) while budget, seats and blocks allow."""
         cfg = self.config
@@ -51,8 +53,10 @@ class AdmissionMixin:
             req = swapped.peek()
             assert req is not None
             c = req.num_computed_tokens
-            total = req.num_tokens
+            total = req.num_tokens + req.num_output_placeholders
             n = total - c
+            if n <= 0:
+                break  # its last step has not come back yet
             if threshold and n > threshold:
                 n = threshold
             if n > budget:
@@ -84,6 +88,10 @@ class AdmissionMixin:
             step.reqs.append(req)
             step.ns.append(n)
             req.num_computed_tokens = c + n
+            samples = c + n == total
+            if samples:
+                req.num_output_placeholders += 1
+            step.samples.append(samples)
             budget -= n
             if n == 1 and c + 1 == total and req.output_token_ids:
                 step.num_decode += 1
@@ -112,7 +120,7 @@ class AdmissionMixin:
                 continue
             hits = kv.find_cached_prefix(req)
             num_hit = len(hits) * bs
-            total = req.num_tokens
+            total = req.num_tokens + req.num_output_placeholders
             n = total - num_hit
             if chunked:
                 if threshold and n > threshold:
@@ -169,6 +177,11 @@ class AdmissionMixin:
         step.num_scheduled[rid] = n
         step.reqs.append(req)
         step.ns.append(n)
+        self._note_computed(req, num_hit, n)
         req.num_computed_tokens = num_hit + n
+        samples = num_hit + n == total
+        if samples:
+            req.num_output_placeholders += 1
+        step.samples.append(samples)
         if n == 1 and num_hit + 1 == total and req.output_token_ids:
             step.num_decode += 1

@@ -11,8 +11,10 @@ from scheduler_svc.core.stopping import check_stop
 
 if TYPE_CHECKING:
     from scheduler_svc.core.kv_cache_manager import KVCacheManager
+    from scheduler_svc.core.request_queue import RequestQueue
 
 _RUNNING = RequestStatus.RUNNING
+_FINISHED = RequestStatus.FINISHED
 
 
 class OutputProcessorMixin:
@@ -24,47 +26,48 @@ class OutputProcessorMixin:
     _worker_known: set[str]
     _finished_pending: set[str]
     _length_limit: int
-    _last_out: SchedulerOutput | None
-    _last_reqs: list[Request]
-    _last_ns: list[int]
-    _num_recomputed: int
+    _inflight: dict[int, tuple[list[Request], list[int], list[bool]]]
+    waiting: RequestQueue
+    swapped: RequestQueue
     _num_finished: int
 
     def update_from_output(
         self, out: SchedulerOutput, sampled: Mapping[str, Sequence[int]]
     ) -> list[RequestOutput]:
         """Apply one step's sampled tokens (request id -> new token ids, [] for a partial
-        prefill). Returns one RequestOutput per request that got tokens or finished. Outputs for
-        requests aborted or preempted since ``out`` was made are ignored."""
-        if out is self._last_out:
-            pairs = zip(self._last_reqs, self._last_ns, strict=True)
-        else:  # a copy (e.g. rebuilt from the wire): look the requests up by id
+        prefill). Returns one RequestOutput per request that got tokens or finished.
+
+        Steps may be applied after later ones were scheduled (async scheduling): a request
+        preempted since keeps the token it sampled (it is valid output); outputs for requests
+        aborted or finished since, or re-admitted after the step, are dropped."""
+        record = self._inflight.pop(out.step_id, None)
+        if record is not None:
+            triples = zip(*record, strict=True)
+        else:  # not a step of ours (e.g. rebuilt from the wire): look running requests up
             get = self._running_by_id.get
-            pairs = ((get(rid), n) for rid, n in out.num_scheduled_tokens.items())
+            triples = (
+                (get(rid), n, bool(sampled.get(rid)))
+                for rid, n in out.num_scheduled_tokens.items()
+            )
         outputs: list[RequestOutput] = []
         append_output = outputs.append
         step_id = out.step_id
         length_limit = self._length_limit
         any_finished = False
-        for req, n in pairs:
-            # skip requests aborted, finished or preempted (and maybe re-admitted) since
-            if req is None or req.status is not _RUNNING or req.admitted_step > step_id:
-                continue
-            c = req.num_computed_tokens
-            start = c - n
-            hwm = req.max_computed_tokens
-            if start < hwm:  # computed again after a preemption
-                self._num_recomputed += (c if c < hwm else hwm) - start
-            if c > hwm:
-                req.max_computed_tokens = c
-            out_ids = req.output_token_ids
-            prompt_len = len(req.prompt_token_ids)
-            if c < prompt_len + len(out_ids):
+        for req, _n, samples in triples:
+            if req is None or not samples:
                 continue  # partial prefill: whatever was sampled is meaningless
+            if record is not None and req.num_output_placeholders > 0:
+                req.num_output_placeholders -= 1
+            status = req.status
+            if status is _FINISHED or req.admitted_step > step_id:
+                continue
             rid = req.request_id
             tokens = sampled.get(rid)
             if not tokens:
                 continue
+            out_ids = req.output_token_ids
+            prompt_len = len(req.prompt_token_ids)
             params = req.sampling_params
             if len(tokens) == 1:
                 tok = tokens[0]
@@ -93,11 +96,25 @@ class OutputProcessorMixin:
                 RequestOutput(rid, new_ids, req.finish_reason, req.stop_reason, len(out_ids))
             )
             if stopped:
-                self._finish(req)
-                any_finished = True
+                if status is _RUNNING:
+                    self._finish(req)
+                    any_finished = True
+                else:  # preempted since this step: it ends from the queue it waits in
+                    self._finish_queued(req)
         if any_finished:
             self.running = [r for r in self.running if r.status is _RUNNING]
         return outputs
+
+    def _finish_queued(self, req: Request) -> None:
+        rid = req.request_id
+        if self.swapped.remove(rid) is not None:
+            self.kv.free_host(req)
+        else:
+            self.waiting.remove(rid)
+        req.status = RequestStatus.FINISHED
+        self._finished_pending.add(rid)
+        self._worker_known.discard(rid)
+        self._num_finished += 1
 
     def _finish(self, req: Request) -> None:
         rid = req.request_id

@@ -70,6 +70,9 @@ class Request:
     # scheduler bookkeeping (added with the scheduler core; callers leave these alone)
     max_computed_tokens: int = 0  # high-water mark of computed tokens (recompute accounting)
     admitted_step: int = -1  # step in which it was last admitted (stale-output detection)
+    # tokens scheduled to be sampled whose values have not come back yet (async scheduling:
+    # step N+1 is scheduled before step N returns; the worker knows its own sampled tokens)
+    num_output_placeholders: int = 0
     block_hashes: list[bytes] = field(default_factory=list)  # prefix-cache hashes, full blocks
     block_hashes_block_size: int = 0  # the block size block_hashes were computed for
 

@@ -36,6 +36,7 @@ from scheduler_svc.core.step_state import StepState
 from scheduler_svc.core.validation import validate_request
 
 _RUNNING = RequestStatus.RUNNING
+MAX_STEPS_IN_FLIGHT = 8
 
 
 class Scheduler(AdmissionMixin, OutputProcessorMixin):
@@ -75,11 +76,9 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
         self._length_limit = min(config.max_model_len, config.kv_capacity_tokens + 1)
         self._worker_known: set[str] = set()  # sent to the worker as new and not finished since
         self._finished_pending: set[str] = set()  # finished/aborted, reported by next schedule()
-        # the last output and its scheduled requests: update_from_output() walks these instead
-        # of looking every id up (a fallback handles any other SchedulerOutput object)
-        self._last_out: SchedulerOutput | None = None
-        self._last_reqs: list[Request] = []
-        self._last_ns: list[int] = []
+        # per step not yet applied (async scheduling keeps two in flight): its scheduled
+        # requests, token counts and whether each samples; update_from_output() walks these
+        self._inflight: dict[int, tuple[list[Request], list[int], list[bool]]] = {}
         # counters
         self._num_steps = 0
         self._num_preemptions = 0
@@ -171,7 +170,10 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
             step_id=step.step_id,
         )
         self._finished_pending = set()
-        self._last_out, self._last_reqs, self._last_ns = out, step.reqs, step.ns
+        inflight = self._inflight
+        inflight[step.step_id] = (step.reqs, step.ns, step.samples)
+        if len(inflight) > MAX_STEPS_IN_FLIGHT:  # outputs that never came back
+            del inflight[min(inflight)]
         return out
 
     def _schedule_running(self, step: StepState) -> None:
@@ -183,15 +185,21 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
         num_scheduled = step.num_scheduled
         cached_append = step.cached_reqs.append
         reqs_append, ns_append = step.reqs.append, step.ns.append
+        samples_append = step.samples.append
+        length_limit = self._length_limit
         budget = step.budget
         num_decode = 0
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
             c = req.num_computed_tokens
-            total = len(req.prompt_token_ids) + len(req.output_token_ids)
+            num_out = len(req.output_token_ids)
+            ph = req.num_output_placeholders
+            total = len(req.prompt_token_ids) + num_out + ph
             n = total - c
-            if n <= 0:  # nothing known left to compute (async placeholders, later)
+            if n <= 0 or (
+                ph and (num_out + ph >= req.sampling_params.max_tokens or total >= length_limit)
+            ):  # nothing left to compute, or its last token is already on its way
                 i += 1
                 continue
             if threshold and n > threshold:
@@ -218,7 +226,13 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
             cached_append(CachedRequestData(rid, new_ids, c))
             reqs_append(req)
             ns_append(n)
+            if c < req.max_computed_tokens or c + n > req.max_computed_tokens:
+                self._note_computed(req, c, n)
             req.num_computed_tokens = c + n
+            samples = c + n == total
+            if samples:
+                req.num_output_placeholders = ph + 1
+            samples_append(samples)
             budget -= n
             if n == 1 and c + 1 == total and req.output_token_ids:
                 num_decode += 1
@@ -261,8 +275,11 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
                 break
         for j in range(len(step.reqs) - 1, -1, -1):
             if step.reqs[j] is victim:
+                if step.samples[j]:
+                    victim.num_output_placeholders -= 1
                 del step.reqs[j]
                 del step.ns[j]
+                del step.samples[j]
                 break
 
     def _preempt(self, victim: Request, step: StepState) -> None:
@@ -289,6 +306,15 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
         self.waiting.prepend(victim)
+
+    def _note_computed(self, req: Request, c: int, n: int) -> None:
+        """Recompute accounting when tokens [c, c + n) are scheduled: those below the request's
+        high-water mark are computed again (after a preemption)."""
+        hwm = req.max_computed_tokens
+        if c < hwm:
+            self._num_recomputed += min(c + n, hwm) - c
+        if c + n > hwm:
+            req.max_computed_tokens = c + n
 
     # ---- introspection ---------------------------------------------------------------------
     def stats(self) -> SchedulerStats:

@@ -21,5 +21,6 @@ class StepState:
     num_decode: int = 0
     reqs: list[Request] = field(default_factory=list)  # scheduled, parallel to ns
     ns: list[int] = field(default_factory=list)
+    samples: list[bool] = field(default_factory=list)  # parallel: does it sample this step
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
