@@ -5,7 +5,8 @@ scheduled token of every request, decodes first (sorted by context length), then
 `build_metadata` turns the step's layout into tensors ONCE; `paged_attention_forward`, called by
 each layer, then only
 - writes the new tokens' K/V into their cache slots (slot = block * block_size + offset),
-- gathers the cached K/V of all requests with one `index_select` over block ids per K and V,
+- gathers each group's cached K/V with one `index_select` over block ids per K and V (per
+  group, so that SDPA reads them while they are still in the CPU cache),
 - runs one SDPA per group of ~8 decode rows (a key-padding mask covers their different lengths)
   and one per prefill chunk (causal; offset-causal when the chunk follows cached tokens).
 """
@@ -25,20 +26,19 @@ METADATA_KWARG = "paged_metadata"
 
 @dataclass(slots=True)
 class AttentionGroup:
-    """Query rows [q_start, q_end) of the packed batch and the K/V they attend to.
+    """Query tokens [q_start, q_end) of the packed batch: `rows` requests of equal query length.
 
-    decode group: q_end - q_start rows of one query token each, the K/V of row i being gathered
-    blocks [gather_start + i * n_blocks, ... + n_blocks). prefill chunk: one request's q tokens
-    (as one SDPA batch row) over n_blocks gathered blocks, or over its own fresh K/V when
-    n_blocks == 0 (nothing cached before it: plain causal attention).
+    A decode group is several rows of one token each; a prefill chunk is one row of q tokens.
+    Row i attends to blocks block_ids[i * n_blocks : (i + 1) * n_blocks], or, when n_blocks == 0
+    (a chunk with nothing cached before it), causally to its own fresh K/V.
     """
 
     q_start: int
     q_end: int
-    gather_start: int
+    rows: int
     n_blocks: int
-    is_decode: bool
-    mask: torch.Tensor | None = None  # bool, True = attend; None: attend to all (or is_causal)
+    block_ids: torch.Tensor | None = None  # [rows * n_blocks] int64, the blocks to gather
+    mask: torch.Tensor | None = None  # additive (0 / -inf); None: all keys (or causal)
 
 
 @dataclass(slots=True)
@@ -47,7 +47,6 @@ class AttentionMetadata:
     value_caches: list[torch.Tensor]
     block_size: int
     slot_mapping: torch.Tensor  # [T] int64: cache slot of each packed token
-    gather_ids: torch.Tensor  # [G] int64: block ids to gather, all groups concatenated
     groups: list[AttentionGroup] = field(default_factory=list)
 
 
@@ -75,37 +74,21 @@ def paged_attention_forward(
     v_new = value[0].transpose(0, 1)
     k_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k_new)
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v_new)
-    if meta.gather_ids.numel():
-        k_all = k_cache.index_select(0, meta.gather_ids)  # [G, bs, kv_heads, head_dim]
-        v_all = v_cache.index_select(0, meta.gather_ids)
     q = query[0].transpose(0, 1)  # [T, heads, head_dim]
     outs = []
     for g in meta.groups:
-        if g.is_decode:
-            n = g.q_end - g.q_start
-            end = g.gather_start + n * g.n_blocks
-            shape = (n, g.n_blocks * bs, kv_heads, head_dim)
-            k = k_all[g.gather_start : end].view(shape).transpose(1, 2)  # [n, kvh, L, d]
-            v = v_all[g.gather_start : end].view(shape).transpose(1, 2)
-            o = F.scaled_dot_product_attention(
-                q[g.q_start : g.q_end].unsqueeze(2), k, v, attn_mask=g.mask, scale=scaling,
-                enable_gqa=True,
-            )  # fmt: skip
-            outs.append(o.squeeze(2))  # [n, heads, head_dim]
-            continue
-        qp = query[:, :, g.q_start : g.q_end]  # [1, heads, q, d]
-        if g.n_blocks == 0:
+        qg = q[g.q_start : g.q_end].unflatten(0, (g.rows, -1)).transpose(1, 2)  # [r, h, q, d]
+        if g.n_blocks:
+            shape = (g.rows, g.n_blocks * bs, kv_heads, head_dim)
+            k = k_cache.index_select(0, g.block_ids).view(shape).transpose(1, 2)  # [r,kvh,L,d]
+            v = v_cache.index_select(0, g.block_ids).view(shape).transpose(1, 2)
+        else:
             k = key[:, :, g.q_start : g.q_end]
             v = value[:, :, g.q_start : g.q_end]
-        else:
-            end = g.gather_start + g.n_blocks
-            shape = (1, g.n_blocks * bs, kv_heads, head_dim)
-            k = k_all[g.gather_start : end].view(shape).transpose(1, 2)
-            v = v_all[g.gather_start : end].view(shape).transpose(1, 2)
         o = F.scaled_dot_product_attention(
-            qp, k, v, attn_mask=g.mask, is_causal=g.n_blocks == 0, scale=scaling, enable_gqa=True
+            qg, k, v, attn_mask=g.mask, is_causal=not g.n_blocks, scale=scaling, enable_gqa=True
         )
-        outs.append(o[0].transpose(0, 1))  # [q, heads, head_dim]
+        outs.append(o.transpose(1, 2).flatten(0, 1))  # [r * q, heads, head_dim]
     out = outs[0] if len(outs) == 1 else torch.cat(outs)
     return out.unsqueeze(0), None
 
@@ -127,50 +110,54 @@ def build_metadata(
     num_decodes: int,  # the first num_decodes requests are decodes, sorted by context length
     decode_group_size: int,
     slot_mapping: torch.Tensor,
+    dtype: torch.dtype,
     device: torch.device,
 ) -> AttentionMetadata:
     """The per-step tensors every layer's attention call shares (built once per step)."""
     groups: list[AttentionGroup] = []
-    gather: list[np.ndarray] = []
-    gathered = 0
     q_start = 0
     ctx_len = num_computed + num_scheduled
     for start in range(0, num_decodes, decode_group_size):
         stop = min(start + decode_group_size, num_decodes)
-        lens = ctx_len[start:stop]
+        rows, lens = stop - start, ctx_len[start:stop]
         n_blocks = -(-int(lens.max()) // block_size)
         ids = block_table[start:stop, :n_blocks]  # blocks past a row's length are masked
-        mask = None
         span = n_blocks * block_size
+        mask = None
         if (lens != span).any():
-            mask = torch.from_numpy(np.arange(span)[None, :] < lens[:, None])
-            mask = mask.view(stop - start, 1, 1, span).to(device, non_blocking=True)
-        groups.append(
-            AttentionGroup(q_start, q_start + stop - start, gathered, n_blocks, True, mask)
-        )
-        gather.append(ids.reshape(-1))
-        gathered += ids.size
-        q_start += stop - start
+            allowed = np.arange(span)[None, :] < lens[:, None]
+            mask = _additive(allowed, (rows, 1, 1, span), dtype, device)
+        block_ids = _ids(ids, device)
+        groups.append(AttentionGroup(q_start, q_start + rows, rows, n_blocks, block_ids, mask))
+        q_start += rows
     for r in range(num_decodes, len(num_scheduled)):
         q, c = int(num_scheduled[r]), int(num_computed[r])
-        if c == 0:
-            groups.append(AttentionGroup(q_start, q_start + q, gathered, 0, False))
+        if c == 0:  # nothing cached before this chunk: causal over its own K/V
+            groups.append(AttentionGroup(q_start, q_start + q, 1, 0))
         else:
             n_blocks = -(-(c + q) // block_size)
             span = n_blocks * block_size
             # offset-causal: query i (position c + i) sees keys 0..c + i
-            mask = np.arange(span)[None, :] <= (c + np.arange(q))[:, None]
-            mask_t = torch.from_numpy(mask).view(1, 1, q, span).to(device, non_blocking=True)
-            groups.append(AttentionGroup(q_start, q_start + q, gathered, n_blocks, False, mask_t))
-            gather.append(block_table[r, :n_blocks])
-            gathered += n_blocks
+            allowed = np.arange(span)[None, :] <= (c + np.arange(q))[:, None]
+            mask = _additive(allowed, (1, 1, q, span), dtype, device)
+            block_ids = _ids(block_table[r, :n_blocks], device)
+            groups.append(AttentionGroup(q_start, q_start + q, 1, n_blocks, block_ids, mask))
         q_start += q
-    gather_ids = np.concatenate(gather).astype(np.int64) if gather else np.zeros(0, np.int64)
     return AttentionMetadata(
         key_caches=key_caches,
         value_caches=value_caches,
         block_size=block_size,
         slot_mapping=slot_mapping,
-        gather_ids=torch.from_numpy(gather_ids).to(device, non_blocking=True),
         groups=groups,
     )
+
+
+def _ids(ids: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)).to(device)
+
+
+def _additive(allowed: np.ndarray, shape: tuple[int, ...], dtype, device) -> torch.Tensor:
+    """A bool mask as the additive float mask SDPA would otherwise rebuild in every layer."""
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask.masked_fill_(torch.from_numpy(~allowed), float("-inf"))
+    return mask.view(shape).to(device, non_blocking=True)

@@ -97,9 +97,14 @@ class ModelRunner:
         self.sampler = Sampler(generator)
         log.info(
             "model %s loaded in %.1f s on %s/%s: %d KV blocks of %d, %d host blocks",
-            self.source.name, self.load_time_s, self.device, self.dtype, num_blocks,
-            config.block_size, num_host,
-        )  # fmt: skip
+            self.source.name,
+            self.load_time_s,
+            self.device,
+            self.dtype,
+            num_blocks,
+            config.block_size,
+            num_host,
+        )
 
     # --- what the scheduler needs to know ---
 
@@ -249,6 +254,7 @@ class ModelRunner:
             num_decodes=len(decodes),
             decode_group_size=self.config.decode_group_size,
             slot_mapping=slot_mapping,
+            dtype=self.dtype,
             device=dev,
         )
         return _StepInputs(

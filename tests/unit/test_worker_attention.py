@@ -67,6 +67,7 @@ def test_mixed_batch_matches_reference(group_size):
         num_decodes=len(decodes),
         decode_group_size=group_size,
         slot_mapping=torch.tensor(slots),
+        dtype=torch.float32,
         device=torch.device("cpu"),
     )
     query = torch.cat([d.q for d in packed]).transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
