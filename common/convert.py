@@ -85,8 +85,12 @@ class HandleTable:
             self.free.append(handle)
 
 
-def encode_step(out: SchedulerOutput, handles: HandleTable) -> worker_link_pb2.Step:
-    """The scheduler's diff as a Step. Handles of finished requests are released afterwards."""
+def encode_step(
+    out: SchedulerOutput, handles: HandleTable, release: bool = True
+) -> worker_link_pb2.Step:
+    """The scheduler's diff as a Step. Handles of finished requests are released afterwards,
+    unless `release` is False (a pipelined sender releases them once every earlier step's
+    result, which may still name them, has been decoded)."""
     step = worker_link_pb2.Step(step_id=out.step_id)
     sched = out.num_scheduled_tokens
     for req_id in out.finished_req_ids:
@@ -125,8 +129,9 @@ def encode_step(out: SchedulerOutput, handles: HandleTable) -> worker_link_pb2.S
         step.swap_out.add(device_block=dev, host_block=host)
     for dev, host in out.blocks_to_swap_in:
         step.swap_in.add(device_block=dev, host_block=host)
-    for req_id in out.finished_req_ids:
-        handles.release(req_id)
+    if release:
+        for req_id in out.finished_req_ids:
+            handles.release(req_id)
     return step
 
 

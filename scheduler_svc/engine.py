@@ -10,9 +10,11 @@ global queue carrying the tokens they already streamed and continue elsewhere by
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import time
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -53,7 +55,25 @@ class StepReply:
 
 
 class WorkerTransport(Protocol):
-    async def execute(self, out: SchedulerOutput) -> StepReply: ...
+    async def submit(self, out: SchedulerOutput) -> Awaitable:
+        """Send a step; return a handle for result() (steps may be pipelined)."""
+
+    async def result(self, out: SchedulerOutput, handle: Awaitable) -> StepReply:
+        """The checked result of a submitted step; raises WorkerLost."""
+
+
+class ExecuteTransport(abc.ABC):
+    """A transport built on one `execute(out)` coroutine (in-process and test workers)."""
+
+    @abc.abstractmethod
+    async def execute(self, out: SchedulerOutput) -> StepReply:
+        """Run one step to completion."""
+
+    async def submit(self, out: SchedulerOutput) -> Awaitable:
+        return asyncio.ensure_future(self.execute(out))
+
+    async def result(self, out: SchedulerOutput, handle: Awaitable) -> StepReply:
+        return await handle
 
 
 @dataclass(slots=True)
@@ -355,28 +375,33 @@ class ServingEngine:
         return moved
 
     async def run_worker(self, session: WorkerSession) -> None:
-        """The step loop of one worker: schedule, execute remotely, apply. Ends when the worker
-        is lost, or has drained."""
+        """The step loop of one worker: schedule, execute remotely, apply. With async
+        scheduling, step N+1 is scheduled and sent while the worker runs step N, so scheduling
+        and the network hop hide behind the forward pass. Ends when the worker is lost or has
+        drained."""
         sched = session.scheduler
+        transport = session.transport
+        depth = 2 if self.config.async_scheduling else 1
+        inflight: deque = deque()
         while not session.lost:
-            if session.draining and (
-                not session.request_ids or time.monotonic() >= session.drain_deadline
+            if (
+                session.draining
+                and not inflight
+                and (not session.request_ids or time.monotonic() >= session.drain_deadline)
             ):
                 return
-            out = sched.schedule()
-            if not _has_work(out):
-                session.wakeup.clear()
-                timeout = 0.05 if sched.has_unfinished_requests() else None
-                if session.draining:
-                    timeout = max(0.0, session.drain_deadline - time.monotonic())
-                try:
-                    await asyncio.wait_for(session.wakeup.wait(), timeout)
-                except TimeoutError:
-                    pass
-                continue
-            started = time.perf_counter()
             try:
-                reply = await session.transport.execute(out)
+                while len(inflight) < depth:
+                    out = sched.schedule()
+                    if not _has_work(out):
+                        break
+                    started = time.perf_counter()
+                    inflight.append((out, await transport.submit(out), started))
+                if not inflight:
+                    await self._idle(session)
+                    continue
+                out, handle, started = inflight.popleft()
+                reply = await transport.result(out, handle)
             except WorkerLost as exc:
                 session.mark_lost(str(exc))
                 return
@@ -393,6 +418,17 @@ class ServingEngine:
                 self._deliver(session, output, reply.logprobs.get(output.request_id), now)
             if self.waiting:
                 self._dispatch()
+
+    async def _idle(self, session: WorkerSession) -> None:
+        """Nothing to send: wait for a new request, an abort, a drain deadline or loss."""
+        session.wakeup.clear()
+        timeout = 0.05 if session.scheduler.has_unfinished_requests() else None
+        if session.draining:
+            timeout = max(0.0, session.drain_deadline - time.monotonic())
+        try:
+            await asyncio.wait_for(session.wakeup.wait(), timeout)
+        except TimeoutError:
+            pass
 
     def _deliver(
         self,

@@ -36,21 +36,26 @@ class GrpcWorkerTransport:
         self.timeout_s = timeout_s
         self.handles = HandleTable()
         self.last_heard = time.monotonic()
-        self.pending: tuple[int, asyncio.Future] | None = None
+        self.pending: dict[int, asyncio.Future] = {}  # step id -> future of its StepResult
         self.session: WorkerSession | None = None
         self.on_drain = None  # callable(timeout_s), set once attached
         self.lost_reason = ""
 
-    async def execute(self, out: SchedulerOutput) -> StepReply:
+    async def submit(self, out: SchedulerOutput) -> asyncio.Future:
+        """Send a step; returns the future of its raw result (steps may be pipelined)."""
         if self.lost_reason:
             raise WorkerLost(self.lost_reason)
-        step = encode_step(out, self.handles)
+        step = encode_step(out, self.handles, release=False)
         future = asyncio.get_running_loop().create_future()
-        self.pending = (step.step_id, future)
+        self.pending[step.step_id] = future
         try:
             await self.context.write(pb.SchedulerMessage(step=step))
         except Exception as exc:  # the stream is gone
             self.lose(f"write failed: {exc}")
+        return future
+
+    async def result(self, out: SchedulerOutput, future: asyncio.Future) -> StepReply:
+        """Wait for a submitted step's result and check it."""
         result: pb.StepResult = await future
         if result.error:
             raise WorkerLost(f"worker failed a step: {result.error}")
@@ -70,17 +75,23 @@ class GrpcWorkerTransport:
                     f"worker answered {tokens[:4]} for request {req_id}: at most one token "
                     f"below the vocabulary size {vocab} was expected"
                 )
+        for req_id in out.finished_req_ids:  # no later result can name them now
+            self.handles.release(req_id)
         return StepReply(
             sampled, logprobs, result.forward_time_s, result.step_time_s, result.idle_time_s
         )
 
+    async def execute(self, out: SchedulerOutput) -> StepReply:
+        return await self.result(out, await self.submit(out))
+
     def lose(self, reason: str) -> None:
         if not self.lost_reason:
             self.lost_reason = reason
-        if self.pending is not None and not self.pending[1].done():
-            future = self.pending[1]
-            future.set_exception(WorkerLost(reason))
-            future.add_done_callback(lambda f: f.exception())  # awaited or not, it is handled
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(WorkerLost(reason))
+                future.add_done_callback(lambda f: f.exception())  # awaited or not: handled
+        self.pending.clear()
         if self.session is not None:
             self.session.mark_lost(reason)
 
@@ -95,12 +106,11 @@ class GrpcWorkerTransport:
                 if kind == "drain" and self.on_drain is not None:
                     self.on_drain(msg.drain.timeout_s)
                 elif kind == "step_result":
-                    pending = self.pending
-                    if pending and pending[0] == msg.step_result.step_id and not pending[1].done():
-                        pending[1].set_result(msg.step_result)
-                    else:
+                    future = self.pending.pop(msg.step_result.step_id, None)
+                    if future is None or future.done():
                         self.lose(f"unexpected step result {msg.step_result.step_id}")
                         return
+                    future.set_result(msg.step_result)
         except Exception as exc:  # noqa: BLE001 - any stream failure means the worker is gone
             self.lose(f"stream error: {exc}")
             return

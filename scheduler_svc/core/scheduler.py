@@ -18,7 +18,6 @@ worker; update_from_output() is in output_processing.py.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 from scheduler_svc.core.admission import AdmissionMixin
@@ -29,6 +28,7 @@ from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.output_processing import OutputProcessorMixin
 from scheduler_svc.core.outputs import CachedRequestData, SchedulerOutput
 from scheduler_svc.core.policy import create_policy
+from scheduler_svc.core.preemption_cost import PreemptionCostModel
 from scheduler_svc.core.request import FinishReason, Request, RequestStatus
 from scheduler_svc.core.request_queue import RequestQueue, create_request_queue
 from scheduler_svc.core.stats import SchedulerStats
@@ -43,7 +43,7 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
     def __init__(self, config: SchedulerConfig, waiting_queue: RequestQueue | None = None):
         self.config = config
         if waiting_queue is None:
-            self.policy = create_policy(config.policy)
+            self.policy = create_policy(config.policy, **config.policy_options)
             waiting_queue = create_request_queue(self.policy)
         else:
             self.policy = waiting_queue.policy
@@ -65,6 +65,9 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
         # before any waiting request is admitted
         self.swapped: RequestQueue = create_request_queue(self.policy)
         self._preemption_mode = config.preemption_mode
+        self._cost = PreemptionCostModel(
+            self.kv, config.preemption_mode, config.worker_costs, config.auto_swap_min_tokens
+        )
         self._block_size = config.block_size
         self._caching = config.enable_prefix_caching
         self._threshold = (
@@ -145,7 +148,7 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
         cfg = self.config
         step = StepState(step_id=self._num_steps, budget=cfg.max_num_batched_tokens)
         self._num_steps += 1
-        if self.policy.aging and self.policy.refresh(time.monotonic()):
+        if self.policy.aging and self.policy.refresh(self.policy.clock()):
             self.waiting.reorder()
 
         self._schedule_running(step)
@@ -170,10 +173,13 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
             step_id=step.step_id,
         )
         self._finished_pending = set()
-        inflight = self._inflight
-        inflight[step.step_id] = (step.reqs, step.ns, step.samples)
-        if len(inflight) > MAX_STEPS_IN_FLIGHT:  # outputs that never came back
-            del inflight[min(inflight)]
+        if self.policy.accounts and step.reqs:  # per-tenant service (fair share)
+            self.policy.account(step.reqs, step.ns)
+        if step.reqs:
+            inflight = self._inflight
+            inflight[step.step_id] = (step.reqs, step.ns, step.samples)
+            if len(inflight) > MAX_STEPS_IN_FLIGHT:  # outputs that never came back
+                del inflight[min(inflight)]
         return out
 
     def _schedule_running(self, step: StepState) -> None:
@@ -246,7 +252,7 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
         blocks (None if it was preempted itself) and its index after the removals."""
         running = self.running
         while True:
-            vi = self.policy.select_victim(running)
+            vi = self.policy.select_victim(running, self._cost.waste)
             victim = running.pop(vi)
             if vi < i:  # already scheduled this step: give its tokens and its output back
                 i -= 1
@@ -291,10 +297,7 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
         victim.num_preemptions += 1
         self._num_preemptions += 1
         step.preempted.add(rid)
-        mode = self._preemption_mode
-        if mode == "swap" or (
-            mode == "auto" and victim.num_computed_tokens >= self.config.auto_swap_min_tokens
-        ):
+        if self._preemption_mode != "recompute" and self._cost.prefers_swap(victim):
             pairs = self.kv.swap_out(victim)
             if pairs is not None:
                 victim.status = RequestStatus.SWAPPED

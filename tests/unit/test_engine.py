@@ -9,7 +9,13 @@ import pytest
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.core import FinishReason, SamplingParams, SchedulerOutput
 from scheduler_svc.detokenizer import IncrementalDetokenizer
-from scheduler_svc.engine import ServingEngine, StepReply, WorkerLost, WorkerRegistration
+from scheduler_svc.engine import (
+    ExecuteTransport,
+    ServingEngine,
+    StepReply,
+    WorkerLost,
+    WorkerRegistration,
+)
 from scheduler_svc.request_state import RequestState
 
 VOCAB = 1000
@@ -34,7 +40,7 @@ class FakeDecoder:
         return "".join(f"<{t}>" for t in ids)
 
 
-class FakeWorker:
+class FakeWorker(ExecuteTransport):
     """Plays the model runner: the next token is a function of the whole history."""
 
     def __init__(self, fail_at_step: int | None = None) -> None:
