@@ -4,6 +4,9 @@ time) with R running requests each. Reports steps/s, the scheduler's CPU use, an
 adds to each step: the worker's idle gap between sending a result and receiving its next step.
 
     .venv/bin/python bench/scale_sim.py --workers 1 4 16 64 --running 256 --json out.json
+    # exposed overhead with the real model at batch 64, async vs synchronous scheduling:
+    .venv/bin/python bench/scale_sim.py --real --workers 1 --running 64 --max-tokens 400
+    .venv/bin/python bench/scale_sim.py --real --workers 1 --running 64 --max-tokens 400 --no-async
 """
 
 from __future__ import annotations
@@ -68,18 +71,24 @@ async def run_point(n_workers: int, args, progress) -> dict:
         host="127.0.0.1", port=free_port(), worker_port=free_port(), http_port=0,
         max_num_seqs=args.running, max_num_batched_tokens=args.budget,
         max_model_len=8192, worker_queue_depth=args.running, log_level="warning",
+        async_scheduling=not args.no_async,
     )  # fmt: skip
     server = SchedulerServer(cfg)
     await server.start()
     procs = []
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for i in range(n_workers):
+        if args.real:  # the real model (SmolLM2) instead of the simulation
+            worker_args = ["--num-gpu-blocks", str(args.running * 16), "--num-threads",
+                           str(max(1, (os.cpu_count() or 1) // n_workers))]
+        else:
+            worker_args = ["--simulate", "--sim-step-base-ms", str(args.step_ms),
+                           "--sim-step-per-token-us", str(args.per_token_us),
+                           "--sim-num-blocks", str(args.running * 40)]
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "common.cli", "worker", "--simulate",
-             "--scheduler", f"127.0.0.1:{cfg.worker_port}", "--worker-id", f"sim{i}",
-             "--sim-step-base-ms", str(args.step_ms),
-             "--sim-step-per-token-us", str(args.per_token_us),
-             "--sim-num-blocks", str(args.running * 40), "--log-level", "warning"],
+            [sys.executable, "-m", "common.cli", "worker", *worker_args,
+             "--scheduler", f"127.0.0.1:{cfg.worker_port}", "--worker-id", f"w{i}",
+             "--log-level", "warning"],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ))  # fmt: skip
     engine = server.engine
@@ -90,7 +99,7 @@ async def run_point(n_workers: int, args, progress) -> dict:
                 raise TimeoutError(f"only {len(engine.sessions)} of {n_workers} workers attached")
             await asyncio.sleep(0.1)
         rng = random.Random(0)
-        params = SamplingParams(max_tokens=6000, temperature=0.0, ignore_eos=True)
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
         tasks = []
         for i in range(n_workers * args.running):
             prompt = [rng.randrange(3, 49152) for _ in range(args.prompt_len)]
@@ -127,6 +136,8 @@ async def run_point(n_workers: int, args, progress) -> dict:
             "worker_step_ms": 1e3 * busy / max(steps, 1),
             "added_share_pct": 100 * idle / max(idle + busy, 1e-9),
             "detokenize": not args.skip_detokenize,
+            "async_scheduling": not args.no_async,
+            "real_model": args.real,
         }
         progress(result)
         return result
@@ -156,6 +167,10 @@ def main() -> None:
     parser.add_argument(
         "--skip-detokenize", action="store_true", help="token-id clients: no text deltas"
     )
+    parser.add_argument("--no-async", action="store_true", help="synchronous scheduling")
+    parser.add_argument("--real", action="store_true",
+                        help="real SmolLM2 workers instead of simulated ones")
+    parser.add_argument("--max-tokens", type=int, default=6000)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     configure_logging("warning", json_logs=True)
