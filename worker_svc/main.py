@@ -15,6 +15,10 @@ log = get_logger("splitserve.worker")
 
 def main(link_cfg: WorkerLinkConfig, runner_cfg, sim_cfg: SimConfig | None = None) -> int:
     configure_logging(link_cfg.log_level, link_cfg.log_json)
+    # OpenMP threads that spin at barriers starve the gRPC thread that receives the next step
+    # while a forward runs (async scheduling): measured 5.9 s instead of 0.19 s per step on 2
+    # cores. Passive waiting must be set before torch loads its OpenMP runtime.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if not link_cfg.worker_id:
         link_cfg.worker_id = f"{socket.gethostname()}-{os.getpid()}"
     if sim_cfg is not None and sim_cfg.simulate:
