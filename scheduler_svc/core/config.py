@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from scheduler_svc.core.errors import SchedulerConfigError
-from scheduler_svc.core.policy import available_policies
+from scheduler_svc.core.policy import available_policies, create_policy
+from scheduler_svc.core.preemption_cost import WorkerCosts
 
 # recompute: a victim's blocks are freed and it is prefilled again (prefix hits help).
 # swap: its computed KV is copied to host blocks and back on resume; recompute when the host
 #   pool is full (or has no blocks).
-# auto: swap victims with at least auto_swap_min_tokens computed tokens, recompute the others.
+# auto: per victim the cheaper of the two by the worker's measured costs (worker_costs; see
+#   preemption_cost.py); without them, swap victims with at least auto_swap_min_tokens computed
+#   tokens and recompute the others.
 SUPPORTED_PREEMPTION_MODES = ("recompute", "swap", "auto")
 
 
@@ -32,6 +36,9 @@ class SchedulerConfig:
     # a step looks at most this many waiting requests it has to skip (bounds per-step work)
     max_waiting_skips_per_step: int = 128
     auto_swap_min_tokens: int = 512  # preemption_mode="auto": swap from this many tokens on
+    # options for the policy when the Scheduler creates it (aging_rate, weights, ...)
+    policy_options: dict[str, Any] = field(default_factory=dict)
+    worker_costs: WorkerCosts | None = None  # measured by the worker; None = unknown
 
     def __post_init__(self) -> None:
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
@@ -63,6 +70,10 @@ class SchedulerConfig:
             raise SchedulerConfigError(
                 f"unknown scheduling policy {self.policy!r}; choose one of {', '.join(names)}"
             )
+        try:
+            create_policy(self.policy, **self.policy_options)
+        except (TypeError, ValueError) as exc:
+            raise SchedulerConfigError(f"scheduling policy {self.policy!r}: {exc}") from None
         mode = self.preemption_mode
         if mode not in SUPPORTED_PREEMPTION_MODES:
             raise SchedulerConfigError(

@@ -1,18 +1,26 @@
 """Scheduling policies: the ONE place that decides request order and preemption victims.
 
 A policy gives the waiting queue its sort key (lower = served first) and picks the victim when a
-running request needs KV blocks that are not there. New policies (sjf, fair share, deadline...)
-subclass SchedulingPolicy and register themselves by name; schedule() never branches on names.
+running request needs KV blocks that are not there. Policies subclass SchedulingPolicy and
+register themselves by name; schedule() never branches on names. fcfs and priority live here;
+sjf, the aging variants, fair share and deadline in scheduler_svc/core/policies/.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from scheduler_svc.core.request import Request
 
 _REGISTRY: dict[str, type[SchedulingPolicy]] = {}
+# victims whose waste per freed block is within this fraction of the least count as equal: only
+# a markedly cheaper victim wins over the latest arrival. Measured with `splitserve sim`: a strict
+# least-waste rule preempts short decodes again and again (they come back at once and are the
+# cheapest again), doubling preemptions and recomputed tokens against latest-arrival victims.
+WASTE_TOLERANCE = 1.0
 
 
 class SchedulingPolicy:
@@ -20,32 +28,56 @@ class SchedulingPolicy:
 
     fifo: True means arrival order is the order (the queue is a deque and ``key`` is unused).
     key(request): sort key, smaller runs first; must not change while the request waits unless
-        ``refresh`` says so (the queue then re-sorts).
-    select_victim(running): index in ``running`` (admission order) of the request to preempt.
+        the policy says so (``refresh`` returning True, or ``generation`` bumped: every queue
+        ordered by this policy then re-sorts before its next peek/pop).
+    victim_key(request): how expendable a running request is (larger = preempted first);
+        default ``key``. select_victim breaks its ties by the least wasted work.
+    select_victim(running, waste): index in ``running`` (admission order) of the request to
+        preempt; ``waste(request)`` is what preempting it would cost (seconds or tokens).
     refresh(now): aging hook, called once per step when ``aging`` is True; return True when keys
-        changed so the queue re-sorts (O(waiting), so only when something really changed).
+        changed (O(waiting) re-sort, so only when something really changed).
+    account(requests, num_tokens): called after each step when ``accounts`` is True, with the
+        requests scheduled and their token counts (per-tenant service, fair share).
+    make_queue(): optional; a policy that needs its own queue structure returns it here.
+    clock: the time source for time-dependent keys (the simulator sets a simulated clock).
     """
 
     name: ClassVar[str] = ""
     fifo: ClassVar[bool] = False
     aging: ClassVar[bool] = False
+    accounts: ClassVar[bool] = False
+
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+    generation: int = 0  # bumped when keys of waiting requests change
 
     def key(self, request: Request) -> Any:
         return (request.arrival_time,)
 
-    def select_victim(self, running: Sequence[Request]) -> int:
-        """Default: the running request with the largest key (least important)."""
-        key = self.key
-        best = 0
-        best_key = key(running[0])
-        for i in range(1, len(running)):
-            k = key(running[i])
-            if k >= best_key:  # ties: the later-admitted one
-                best, best_key = i, k
-        return best
+    def victim_key(self, request: Request) -> Any:
+        return self.key(request)
+
+    def select_victim(
+        self, running: Sequence[Request], waste: Callable[[Request], float] | None = None
+    ) -> int:
+        """Among the running requests with the largest victim_key (least important), the one
+        whose preemption wastes least work for the KV memory it returns (``waste``: work lost
+        per block freed; within WASTE_TOLERANCE of the least counts as equal); among those the
+        latest arrival, then the later-admitted one."""
+        vkey = self.victim_key
+        keys = [vkey(r) for r in running]
+        worst = max(keys)
+        cands = [i for i, k in enumerate(keys) if k == worst]
+        if waste is not None and len(cands) > 1:
+            w = {i: waste(running[i]) for i in cands}
+            bound = min(w.values()) * (1 + WASTE_TOLERANCE) + 1e-12
+            cands = [i for i in cands if w[i] <= bound]
+        return max(cands, key=lambda i: (running[i].arrival_time, i))
 
     def refresh(self, now: float) -> bool:
         return False
+
+    def account(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> None:
+        """Tokens just scheduled for these requests (only when ``accounts``)."""
 
 
 def register_policy(cls: type[SchedulingPolicy]) -> type[SchedulingPolicy]:
@@ -61,35 +93,52 @@ def unregister_policy(name: str) -> None:
 
 
 def available_policies() -> list[str]:
-    return sorted(_REGISTRY)
+    """Registered names, in registration order (the built-ins first)."""
+    return list(_REGISTRY)
 
 
-def create_policy(name: str, **kwargs: Any) -> SchedulingPolicy:
+def create_policy(name: str, **options: Any) -> SchedulingPolicy:
+    """A new policy by name. ``options`` the policy's constructor does not take are ignored
+    (one option set serves every policy: aging_rate, weights, ...); None means default."""
     try:
         cls = _REGISTRY[name]
     except KeyError:
         raise ValueError(
             f"unknown scheduling policy {name!r}; choose one of {', '.join(available_policies())}"
         ) from None
+    params = inspect.signature(cls).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    kwargs = {k: v for k, v in options.items() if v is not None and (takes_any or k in params)}
     return cls(**kwargs)
 
 
 @register_policy
 class FCFSPolicy(SchedulingPolicy):
-    """First come, first served: arrival order; the victim is the most recently admitted."""
+    """First come, first served: arrival order; the victim is the most recently admitted
+    (it has normally done the least work: vLLM's choice)."""
 
     name = "fcfs"
     fifo = True
 
-    def select_victim(self, running: Sequence[Request]) -> int:
+    def select_victim(
+        self, running: Sequence[Request], waste: Callable[[Request], float] | None = None
+    ) -> int:
         return len(running) - 1
 
 
 @register_policy
 class PriorityPolicy(SchedulingPolicy):
-    """Lower ``priority`` first, then earlier ``arrival_time``; the victim has max of both."""
+    """Lower ``priority`` first, then earlier ``arrival_time``. The victim has the largest
+    priority value; among equals the one whose loss wastes least work, then the latest."""
 
     name = "priority"
 
     def key(self, request: Request) -> tuple[int, float]:
         return (request.priority, request.arrival_time)  # type: ignore[return-value]
+
+    def victim_key(self, request: Request) -> tuple[int]:
+        return (request.priority,)
+
+
+# the other built-in policies register themselves on import (after the base class exists)
+from scheduler_svc.core import policies as _builtin_policies  # noqa: E402, F401

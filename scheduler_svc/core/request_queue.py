@@ -6,7 +6,10 @@ queue compacts itself when tombstones outnumber live entries):
 - FIFORequestQueue (fifo policies, e.g. fcfs): a deque; add/pop/prepend O(1).
 - KeyedRequestQueue (any other policy): a heap on ``policy.key``; add/pop O(log n). A "prepended"
   (preempted or skipped) request keeps its key, so under priority it keeps its arrival time and
-  goes back before every request that arrived after it.
+  goes back before every request that arrived after it. When the policy bumps its
+  ``generation`` (keys changed: deadline demotion), the heap re-sorts before its next peek/pop,
+  so every queue sharing the policy (global, per worker, swapped) follows.
+- A policy with a ``make_queue()`` method supplies its own (fair share: one heap per tenant).
 """
 
 from __future__ import annotations
@@ -153,6 +156,7 @@ class KeyedRequestQueue(RequestQueue):
         self._heap: list[list[Any]] = []
         self._seq = itertools.count()
         self._preseq = itertools.count(-1, -1)
+        self._gen = policy.generation  # keys are as of this policy generation
 
     def add(self, request: Request) -> None:
         entry = [self.policy.key(request), next(self._seq), request]
@@ -165,6 +169,8 @@ class KeyedRequestQueue(RequestQueue):
         heapq.heappush(self._heap, entry)
 
     def pop(self) -> Request:
+        if self._gen != self.policy.generation:
+            self.reorder()
         heap = self._heap
         while heap:
             request = heapq.heappop(heap)[2]
@@ -178,6 +184,8 @@ class KeyedRequestQueue(RequestQueue):
         raise IndexError("pop from an empty waiting queue")
 
     def peek(self) -> Request | None:
+        if self._gen != self.policy.generation:
+            self.reorder()
         heap = self._heap
         while heap:
             request = heap[0][2]
@@ -188,6 +196,7 @@ class KeyedRequestQueue(RequestQueue):
         return None
 
     def reorder(self) -> None:
+        self._gen = self.policy.generation
         key = self.policy.key
         entries = list(self._index.values())
         for entry in entries:
@@ -207,4 +216,7 @@ def create_request_queue(policy: SchedulingPolicy | str) -> RequestQueue:
     """The queue that fits the policy (a policy object or a registered name)."""
     if isinstance(policy, str):
         policy = create_policy(policy)
+    make_queue = getattr(policy, "make_queue", None)
+    if make_queue is not None:  # a policy with its own queue structure (fair share)
+        return make_queue()
     return FIFORequestQueue(policy) if policy.fifo else KeyedRequestQueue(policy)

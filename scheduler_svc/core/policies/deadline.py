@@ -1,0 +1,91 @@
+"""Earliest deadline first, with requests that can no longer meet their deadline demoted.
+
+``Request.deadline`` is the absolute time (on the policy's clock) by which the request should be
+finished. A waiting request with a deadline it can still meet goes first, earliest deadline
+first. One that cannot (even its shortest possible remaining service, estimated from its tokens
+left to compute and its ``min_tokens``, ends after the deadline) is demoted: it joins the
+requests without a deadline, served after every feasible one, oldest first (best effort, never
+dropped). The check runs when a request is queued and, through ``refresh``, every step: the
+policy keeps the instant each waiting request stops being feasible and bumps its generation
+when one passes, so every queue ordered by it re-sorts once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+
+from scheduler_svc.core.policy import SchedulingPolicy, register_policy
+from scheduler_svc.core.request import Request, RequestStatus
+
+_WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED)
+
+
+@register_policy
+class DeadlinePolicy(SchedulingPolicy):
+    name = "deadline"
+    aging = True  # refresh() every step: demotions
+
+    def __init__(self, prefill_s_per_token: float = 2e-4, decode_s_per_token: float = 0.02):
+        for label, v in (("prefill_s_per_token", prefill_s_per_token),
+                         ("decode_s_per_token", decode_s_per_token)):  # fmt: skip
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{label} must be a finite number >= 0; got {v!r}")
+        self.prefill_s_per_token = prefill_s_per_token
+        self.decode_s_per_token = decode_s_per_token
+        self._expiry: list[tuple[float, int, Request]] = []  # (latest feasible start, seq, req)
+        self._tracked: dict[str, float] = {}  # request id -> its live entry's time
+        self._seq = itertools.count()
+        self.num_demoted = 0
+
+    def min_time_left(self, request: Request) -> float:
+        """A lower bound on the service the request still needs: its tokens left to compute
+        at the prefill rate, then its remaining min_tokens (at least one) at the decode rate."""
+        to_compute = max(0, request.num_tokens - request.num_computed_tokens)
+        outputs = max(1, request.sampling_params.min_tokens - request.num_output_tokens)
+        return to_compute * self.prefill_s_per_token + outputs * self.decode_s_per_token
+
+    def feasible(self, request: Request, now: float | None = None) -> bool:
+        d = request.deadline
+        if d is None:
+            return False
+        now = self.clock() if now is None else now
+        return now + self.min_time_left(request) <= d
+
+    def key(self, request: Request) -> tuple[int, float, float]:
+        arrival: float = request.arrival_time  # type: ignore[assignment]
+        d = request.deadline
+        if d is None:
+            return (1, arrival, arrival)
+        latest = d - self.min_time_left(request)
+        if self.clock() > latest:
+            return (1, arrival, d)  # demoted: best effort, oldest first
+        rid = request.request_id
+        if self._tracked.get(rid) != latest:
+            self._tracked[rid] = latest
+            heapq.heappush(self._expiry, (latest, next(self._seq), request))
+        return (0, d, arrival)
+
+    def victim_key(self, request: Request) -> tuple[int, float]:
+        """Requests without a (still meetable) deadline go first; then the latest deadline."""
+        d = request.deadline
+        if d is None or not self.feasible(request):
+            return (1, 0.0)
+        return (0, d)
+
+    def refresh(self, now: float) -> bool:
+        heap, tracked = self._expiry, self._tracked
+        changed = False
+        while heap and heap[0][0] < now:
+            latest, _, request = heapq.heappop(heap)
+            rid = request.request_id
+            if tracked.get(rid) != latest:
+                continue  # superseded by a later key()
+            del tracked[rid]
+            if request.status in _WAITING:
+                changed = True
+                self.num_demoted += 1
+        if changed:
+            self.generation += 1
+        return changed

@@ -1,0 +1,238 @@
+"""Weighted fair share of computed tokens across tenants.
+
+Each tenant has a virtual time: tokens computed for it (prefill and decode, as scheduled) divided
+by its weight. The waiting queue serves the backlogged tenant with the smallest virtual time
+next (within a tenant: priority, then arrival), so while several tenants have work their tokens
+follow the weights (10:1 weights: ~10:1 tokens), and a tenant with nothing queued simply drops
+out, leaving its share to the others. A tenant that becomes active again (a first request, or
+one after an idle spell) starts at the smallest virtual time among the active tenants, never
+below: idleness banks no credit. The victim of a preemption belongs to the tenant furthest
+ahead of its share (then: least wasted work).
+
+The scheduler core reports tokens through ``account`` after every step, so per-tenant service
+is counted wherever the core runs (the engine's workers, which share this policy object, and
+the simulator).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from scheduler_svc.core.policy import SchedulingPolicy, register_policy
+from scheduler_svc.core.request import Request, RequestStatus
+from scheduler_svc.core.request_queue import KeyedRequestQueue, RequestQueue
+
+_FINISHED = RequestStatus.FINISHED
+_COMPACT_MIN = 256
+
+
+@register_policy
+class FairSharePolicy(SchedulingPolicy):
+    name = "fair"
+    accounts = True
+
+    def __init__(
+        self, weights: Mapping[str, float] | None = None, default_weight: float = 1.0
+    ) -> None:
+        for tenant, w in {**(weights or {}), "(default)": default_weight}.items():
+            if (
+                isinstance(w, bool)
+                or not isinstance(w, int | float)
+                or not (math.isfinite(w) and w > 0)
+            ):
+                raise ValueError(f"tenant weight must be a finite number > 0: {tenant}={w!r}")
+        self.weights = dict(weights or {})
+        self.default_weight = float(default_weight)
+        self.vtime: dict[str, float] = {}  # tenant -> tokens served / weight (lifted, see above)
+        self.served: dict[str, int] = {}  # tenant -> tokens computed for it
+        self._vclock = 0.0  # virtual time of the system when no tenant is active
+        # tenant -> its requests known to be unfinished, in first-seen order (lazily purged)
+        self._live: dict[str, OrderedDict[str, Request]] = {}
+        self._compact_at: dict[str, int] = {}
+
+    # -- tenants ----------------------------------------------------------------------------
+    @staticmethod
+    def tenant_of(request: Request) -> str:
+        return request.tenant or ""
+
+    def weight(self, tenant: str) -> float:
+        return self.weights.get(tenant, self.default_weight)
+
+    def shares(self) -> dict[str, float]:
+        """Fraction of all tokens served per tenant so far."""
+        total = sum(self.served.values())
+        return {t: n / total for t, n in self.served.items()} if total else {}
+
+    # -- SchedulingPolicy -------------------------------------------------------------------
+    def key(self, request: Request) -> tuple[int, float]:
+        """Order within one tenant."""
+        return (request.priority, request.arrival_time)  # type: ignore[return-value]
+
+    def victim_key(self, request: Request) -> tuple[float]:
+        return (self.vtime.get(self.tenant_of(request), 0.0),)
+
+    def make_queue(self) -> TenantFairQueue:
+        return TenantFairQueue(self)
+
+    def account(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> None:
+        vtime, served = self.vtime, self.served
+        lowest = math.inf
+        for request, n in zip(requests, num_tokens, strict=True):
+            t = request.tenant or ""
+            v = vtime.get(t, self._vclock) + n / self.weight(t)
+            vtime[t] = v
+            served[t] = served.get(t, 0) + n
+            if v < lowest:
+                lowest = v
+        if lowest != math.inf and lowest > self._vclock:
+            self._vclock = lowest
+
+    # -- activity ---------------------------------------------------------------------------
+    def on_enqueue(self, request: Request) -> None:
+        """A request of this tenant entered a queue ordered by this policy."""
+        t = self.tenant_of(request)
+        if not self.is_active(t):
+            floor = self.system_vtime(exclude=t)
+            if self.vtime.get(t, -math.inf) < floor:
+                self.vtime[t] = floor
+        live = self._live.get(t)
+        if live is None:
+            live = self._live[t] = OrderedDict()
+        live[request.request_id] = request  # a known id keeps its place (a new object: migrated)
+        if len(live) > max(_COMPACT_MIN, 2 * self._compact_at.get(t, 0)):
+            for rid in [rid for rid, r in live.items() if r.status is _FINISHED]:
+                del live[rid]
+            self._compact_at[t] = len(live)
+
+    def is_active(self, tenant: str) -> bool:
+        """Does the tenant have an unfinished request (waiting, running, preempted)?"""
+        live = self._live.get(tenant)
+        while live:
+            rid = next(iter(live))
+            if live[rid].status is not _FINISHED:
+                return True
+            live.popitem(last=False)
+        return False
+
+    def system_vtime(self, exclude: str | None = None) -> float:
+        """The smallest virtual time among active tenants (the system's virtual clock when
+        none is active)."""
+        active = [self.vtime.get(t, self._vclock) for t in self._live
+                  if t != exclude and self.is_active(t)]  # fmt: skip
+        return min(active) if active else self._vclock
+
+
+class TenantFairQueue(RequestQueue):
+    """One priority heap per tenant; the head is the head of the backlogged tenant with the
+    smallest virtual time (O(tenants) per peek/pop)."""
+
+    policy: FairSharePolicy
+
+    def __init__(self, policy: FairSharePolicy) -> None:
+        super().__init__(policy)
+        self._subs: dict[str, KeyedRequestQueue] = {}
+        self._where: dict[str, str] = {}  # request id -> tenant
+
+    def _enqueue(self, request: Request, front: bool) -> None:
+        rid = request.request_id
+        if rid in self._where:
+            raise ValueError(f"request {rid!r} is already in the waiting queue")
+        policy = self.policy
+        policy.on_enqueue(request)
+        t = policy.tenant_of(request)
+        sub = self._subs.get(t)
+        if sub is None:
+            sub = self._subs[t] = KeyedRequestQueue(policy)
+        if front:
+            sub.prepend(request)
+        else:
+            sub.add(request)
+        self._where[rid] = t
+
+    def add(self, request: Request) -> None:
+        self._enqueue(request, front=False)
+
+    def prepend(self, request: Request) -> None:
+        self._enqueue(request, front=True)
+
+    def _pick(self) -> KeyedRequestQueue | None:
+        vtime = self.policy.vtime
+        best: KeyedRequestQueue | None = None
+        best_key: tuple[float, str] | None = None
+        empty = []
+        for t, sub in self._subs.items():
+            if not sub:
+                empty.append(t)
+                continue
+            k = (vtime.get(t, 0.0), t)
+            if best_key is None or k < best_key:
+                best, best_key = sub, k
+        for t in empty:
+            del self._subs[t]
+        return best
+
+    def pop(self) -> Request:
+        sub = self._pick()
+        if sub is None:
+            raise IndexError("pop from an empty waiting queue")
+        request = sub.pop()
+        del self._where[request.request_id]
+        return request
+
+    def peek(self) -> Request | None:
+        sub = self._pick()
+        return None if sub is None else sub.peek()
+
+    def remove(self, request_id: str) -> Request | None:
+        t = self._where.pop(request_id, None)
+        return None if t is None else self._subs[t].remove(request_id)
+
+    def get(self, request_id: str) -> Request | None:
+        t = self._where.get(request_id)
+        return None if t is None else self._subs[t].get(request_id)
+
+    def reorder(self) -> None:
+        for sub in self._subs.values():
+            sub.reorder()
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __bool__(self) -> bool:
+        return bool(self._where)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._where
+
+    def __iter__(self) -> Iterator[Request]:
+        """The expected pop order: tenants interleaved by virtual time, each request charged
+        its remaining tokens (actual service decides the real order)."""
+        policy = self.policy
+        heap: list[tuple[float, str, Iterator[Request]]] = []
+        for t, sub in self._subs.items():
+            if sub:
+                heap.append((policy.vtime.get(t, 0.0), t, iter(sub)))
+        heapq.heapify(heap)
+        while heap:
+            v, t, it = heap[0]
+            request = next(it, None)
+            if request is None:
+                heapq.heappop(heap)
+                continue
+            yield request
+            cost = request.num_tokens - request.num_computed_tokens
+            heapq.heapreplace(heap, (v + cost / policy.weight(t), t, it))
+
+    def tenants(self) -> dict[str, int]:
+        """Waiting requests per tenant."""
+        return {t: len(sub) for t, sub in self._subs.items() if sub}
+
+    def _live_entries(self) -> Iterator[list[Any]]:
+        return ([r] for r in self)
+
+    def _rebuild(self, entries: list[list[Any]]) -> None:
+        raise NotImplementedError("TenantFairQueue keeps one heap per tenant")
