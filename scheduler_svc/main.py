@@ -125,7 +125,11 @@ class SchedulerServer:
         )
         self.http: HttpServer | None = None
         if cfg.http_port > 0:
-            self.http = HttpServer(create_app(self.http_ctx), cfg.host, cfg.http_port)
+            self.http = HttpServer(
+                create_app(self.http_ctx), cfg.host, cfg.http_port,
+                ssl_certfile=cfg.tls_cert_file, ssl_keyfile=cfg.tls_key_file,
+                ssl_ca_certs=cfg.tls_client_ca_file,
+            )  # fmt: skip
 
     async def start(self) -> None:
         await self.client_server.start()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 
 import uvicorn
 
@@ -37,11 +38,26 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 class HttpServer:
-    def __init__(self, app, host: str, port: int, graceful_timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        app,
+        host: str,
+        port: int,
+        graceful_timeout: float = 2.0,
+        ssl_certfile: str = "",
+        ssl_keyfile: str = "",
+        ssl_ca_certs: str = "",
+    ) -> None:
         self.sock = bind_socket(host, port)
         self.port = self.sock.getsockname()[1]
+        tls = {}
+        if ssl_certfile:  # the same certificate as the gRPC client API
+            tls = {"ssl_certfile": ssl_certfile, "ssl_keyfile": ssl_keyfile or None}
+            if ssl_ca_certs:  # client certificates required, as on gRPC
+                tls |= {"ssl_ca_certs": ssl_ca_certs, "ssl_cert_reqs": ssl.CERT_REQUIRED}
         config = uvicorn.Config(
             app,
+            **tls,
             log_config=None,
             access_log=False,
             lifespan="off",

@@ -7,11 +7,12 @@ import threading
 import time
 
 import grpc
+import httpx
 import pytest
 
 from common.client import SplitserveClient
 from tests.e2e.certs import CertAuthority
-from tests.e2e.procs import Cluster
+from tests.e2e.procs import Cluster, free_port
 
 pytestmark = [pytest.mark.e2e]
 SIM = ("--simulate", "--sim-step-base-ms", "5")
@@ -32,7 +33,9 @@ def test_tls_client_api_and_mutual_tls_worker_link(tmp_path):
     rogue_cert, rogue_key = rogue_ca.issue("rogue-worker", server=False)
     c = Cluster(tmp_path)
     try:
+        http_port = free_port()
         c.start_scheduler(
+            "--http-port", str(http_port),
             "--tls-cert-file", server_cert, "--tls-key-file", server_key,
             "--worker-tls-cert-file", server_cert, "--worker-tls-key-file", server_key,
             "--worker-tls-ca-file", ca.cert_file,
@@ -53,6 +56,11 @@ def test_tls_client_api_and_mutual_tls_worker_link(tmp_path):
                                      temperature=0.0)
             assert len(result.token_ids) == 3
         assert good.alive() and rogue.alive() and plain.alive()  # they keep retrying
+        # the HTTP API is served over TLS with the same certificate
+        response = httpx.get(f"https://127.0.0.1:{http_port}/v1/models", verify=ca.cert_file)
+        assert response.status_code == 200
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{http_port}/v1/models", timeout=5)
         # a plaintext client cannot talk to the TLS port
         with SplitserveClient(c.target, timeout=5) as plain_client:
             with pytest.raises(grpc.RpcError) as err:
