@@ -20,8 +20,13 @@ class SchedulerServiceConfig:
     max_model_len: int = _opt(4096, "longest prompt + output in tokens")
     max_num_batched_tokens: int = _opt(1024, "token budget of one step per worker")
     max_num_seqs: int = _opt(128, "most requests running at once per worker")
-    scheduling_policy: str = _opt("fcfs", "waiting-queue order: fcfs, priority, ...")
-    preemption_mode: str = _opt("recompute", "what happens to a preempted request")
+    scheduling_policy: str = _opt(
+        "fcfs", "queue order: fcfs, priority, sjf, sjf-aging, priority-aging, fair, deadline"
+    )
+    aging_rate: float = _opt(
+        0.0, "sjf-aging: prompt tokens, priority-aging: levels, per second waited (0 = default)"
+    )
+    preemption_mode: str = _opt("recompute", "a preempted request's KV: recompute, swap or auto")
     enable_prefix_caching: bool = _opt(True, "reuse KV blocks of shared prompt prefixes")
     enable_chunked_prefill: bool = _opt(True, "split long prompts over several steps")
     long_prefill_token_threshold: int = _opt(0, "cap one request's prefill chunk (0 = off)")
@@ -37,6 +42,10 @@ class SchedulerServiceConfig:
     tenant_rate_limit: float = _opt(0.0, "requests/s each tenant may start (0 = off)")
     tenant_burst: int = _opt(10, "requests a tenant may start at once above its rate")
     tenants: str = _opt("", "known tenants and weights 'a:10,b:1' (empty = any tenant)")
+    ttft_slo_ms: float = _opt(0.0, "refuse requests whose predicted time to first token exceeds it")
+    thrash_threshold: float = _opt(0.2, "recomputed/newly computed tokens that count as thrashing")
+    thrash_window_s: float = _opt(10.0, "seconds over which the thrash ratio is measured")
+    thrash_backpressure: bool = _opt(False, "refuse new requests while the KV cache thrashes")
     max_migrations: int = _opt(3, "times a request may move to another worker before failing")
     worker_secret: str = _opt("", "shared secret workers must present (empty = none)")
     api_key: str = _opt(

@@ -35,8 +35,11 @@ from scheduler_svc.core import (
     create_request_queue,
     validate_request,
 )
+from scheduler_svc.core.preemption_cost import WorkerCosts
 from scheduler_svc.observer import EngineObserver
+from scheduler_svc.policy_control import policy_options
 from scheduler_svc.request_state import RequestState
+from scheduler_svc.slo import SloAdmission
 
 log = get_logger("splitserve.engine")
 
@@ -85,6 +88,7 @@ class WorkerRegistration:
     num_host_blocks: int
     max_model_len: int
     address: str = ""
+    costs: WorkerCosts | None = None  # measured by the worker (preemption cost model)
 
 
 @dataclass(slots=True, eq=False)
@@ -129,13 +133,14 @@ class ServingEngine:
     def __init__(self, config: SchedulerServiceConfig, model_name: str) -> None:
         self.config = config
         self.model_name = model_name
-        self.policy = create_policy(config.scheduling_policy)
+        self.policy = create_policy(config.scheduling_policy, **policy_options(config))
         self.waiting = create_request_queue(self.policy)  # global, core Requests
         self.requests: dict[str, RequestState] = {}
         self.sessions: dict[str, WorkerSession] = {}
         self.num_finished = 0
         self.worker_attached = asyncio.Event()
         self.observer = EngineObserver()
+        self.slo = SloAdmission.from_config(config)  # TTFT target, thrash backpressure
         self.admission = AdmissionControl(
             config.max_waiting_requests, config.tenant_rate_limit, config.tenant_burst,
             parse_tenants(config.tenants),
@@ -159,6 +164,7 @@ class ServingEngine:
         if live:  # refuse now what even the largest worker could never run
             largest = max(live, key=lambda s: s.registration.num_device_blocks)
             validate_request(request, largest.scheduler.config)
+        self.slo.check(request, [self.waiting], [s.scheduler for s in live])
         self.requests[state.request_id] = state
         state.core = request
         self.waiting.add(request)
@@ -316,6 +322,7 @@ class ServingEngine:
             enable_prefix_caching=cfg.enable_prefix_caching,
             max_model_len=min(cfg.max_model_len, registration.max_model_len),
             long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+            worker_costs=registration.costs,
         )
         # every worker's local queue orders with the engine's policy object, so policy state
         # (aging, per-tenant service) is global
@@ -413,6 +420,7 @@ class ServingEngine:
             session.total_worker_idle_s += reply.idle_time_s
             outputs = sched.update_from_output(out, reply.sampled)
             self.observer.on_step(session, out, reply, time.perf_counter() - started)
+            self.slo.on_step(sched, out, time.perf_counter() - started)
             now = time.monotonic()
             for output in outputs:
                 self._deliver(session, output, reply.logprobs.get(output.request_id), now)

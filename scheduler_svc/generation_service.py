@@ -11,6 +11,7 @@ from scheduler_svc.admission import error_code
 from scheduler_svc.core import FinishReason, RequestRejected
 from scheduler_svc.engine import ServingEngine
 from scheduler_svc.intake import Intake
+from scheduler_svc.policy_control import PriorityChangeError, set_priority
 from scheduler_svc.request_state import StreamDelta
 
 log = get_logger("splitserve.generation")
@@ -103,6 +104,14 @@ class GenerationService(pb_grpc.GenerationServicer):
                 grpc.StatusCode.NOT_FOUND, f"no request {request.request_id!r} is in flight"
             )
         return pb.AbortResponse()
+
+    async def SetPriority(self, request: pb.SetPriorityRequest, context):  # noqa: N802
+        try:
+            set_priority(self.engine, request.request_id, request.priority)
+        except PriorityChangeError as exc:
+            await context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+        log.info("priority_changed", request_id=request.request_id, priority=request.priority)
+        return pb.SetPriorityResponse()
 
     async def GetServerInfo(self, request, context):  # noqa: N802
         engine = self.engine

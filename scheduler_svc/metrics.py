@@ -134,6 +134,40 @@ class WorkerCollector(Collector):
             P + "num_requests_in_flight", "Requests accepted and not finished",
             value=len(engine.requests),
         )  # fmt: skip
+        slo = getattr(engine, "slo", None)
+        if slo is not None:
+            yield from slo_metrics(slo)
+
+
+def slo_metrics(slo) -> Iterable:
+    """Thrash backpressure and SLO admission (scheduler_svc/slo.py), read at scrape time."""
+    thrash = slo.thrash
+    thrashing = thrash.update()
+    ratio = thrash.ratio()
+    yield GaugeMetricFamily(
+        P + "kv_thrash_ratio",
+        f"Recomputed / newly computed tokens over the last {thrash.window_s:g} s",
+        value=ratio if ratio < 1e9 else 1e9,
+    )
+    yield GaugeMetricFamily(
+        P + "kv_thrashing", "1 while the thrash ratio is above --thrash-threshold",
+        value=int(thrashing),
+    )  # fmt: skip
+    yield GaugeMetricFamily(
+        P + "admission_paused", "1 while thrash backpressure refuses new requests",
+        value=int(slo.backpressure and thrashing),
+    )  # fmt: skip
+    yield CounterMetricFamily(
+        P + "kv_thrash_episodes", "Times the thrash ratio crossed --thrash-threshold",
+        value=thrash.num_episodes,
+    )  # fmt: skip
+    refused = CounterMetricFamily(
+        P + "admission_refused", "Requests refused by SLO admission or thrash backpressure",
+        labels=["reason"],
+    )  # fmt: skip
+    refused.add_metric(["ttft_slo"], slo.num_refused_slo)
+    refused.add_metric(["thrash"], slo.num_refused_thrash)
+    yield refused
 
 
 class MetricsObserver(EngineObserver):

@@ -13,6 +13,7 @@ from common.logging import get_logger
 from common.pb import worker_link_pb2 as pb
 from common.pb import worker_link_pb2_grpc as pb_grpc
 from scheduler_svc.core import SchedulerOutput
+from scheduler_svc.core.preemption_cost import WorkerCosts
 from scheduler_svc.engine import (
     ServingEngine,
     StepReply,
@@ -178,6 +179,7 @@ class WorkerLinkService(pb_grpc.WorkerLinkServicer):
             num_host_blocks=reg.num_host_blocks,
             max_model_len=reg.max_model_len,
             address=context.peer(),
+            costs=WorkerCosts.from_message(reg),
         )
         await context.write(
             pb.SchedulerMessage(

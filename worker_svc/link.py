@@ -31,6 +31,9 @@ class WorkerLinkConfig:
     heartbeat_interval: float = _opt(2.0, "seconds between heartbeats")
     reconnect_max_backoff: float = _opt(10.0, "longest wait between reconnect attempts")
     drain_timeout: float = _opt(30.0, "on SIGTERM: seconds to finish running requests")
+    measure_costs: bool = _opt(
+        True, "with host blocks: time a prefill and a block copy at start, report them"
+    )
     max_message_bytes: int = _opt(64 * 1024 * 1024, "largest gRPC message accepted")
     tls: bool = _opt(False, "dial the scheduler over TLS")
     tls_ca_file: str = _opt("", "CA that signed the scheduler's certificate (implies --tls)")
@@ -55,6 +58,7 @@ class WorkerLinkClient:
         self._attached = False
         self.num_steps = 0
         self._last_reply_at: float | None = None  # perf_counter when the last result was sent
+        self._costs: dict | None = None  # measured once, sent with every registration
 
     def registration(self) -> pb.Register:
         r = self.runner
@@ -71,7 +75,23 @@ class WorkerLinkClient:
             secret=self.cfg.worker_secret,
             device=str(getattr(r, "device", "")),
             dtype=str(getattr(r, "dtype", "")),
+            **self.costs(),
         )
+
+    def costs(self) -> dict:
+        """Measured preemption costs (worker_svc/cost_probe.py), once; {} when not measured."""
+        if self._costs is None:
+            self._costs = {}
+            if self.cfg.measure_costs and getattr(self.runner, "num_host_blocks", 0) > 0:
+                from worker_svc.cost_probe import measure_costs  # torch: only real runners
+
+                try:
+                    self._costs = measure_costs(self.runner)
+                except Exception:  # noqa: BLE001 - the scheduler then uses its defaults
+                    log.exception("cost_probe_failed")
+                if self._costs:
+                    log.info("costs_measured", **{k: round(v, 9) for k, v in self._costs.items()})
+        return self._costs
 
     def stop(self) -> None:
         """Leave now: in-flight requests move to other workers by recompute."""

@@ -121,6 +121,18 @@ class AbortResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class SetPriorityRequest(_message.Message):
+    __slots__ = ("request_id", "priority")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    priority: int
+    def __init__(self, request_id: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
+
+class SetPriorityResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class ServerInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -49,6 +49,11 @@ class GenerationStub:
                 request_serializer=common_dot_pb_dot_generation__pb2.ServerInfoRequest.SerializeToString,
                 response_deserializer=common_dot_pb_dot_generation__pb2.ServerInfo.FromString,
                 _registered_method=True)
+        self.SetPriority = channel.unary_unary(
+                '/splitserve.v1.Generation/SetPriority',
+                request_serializer=common_dot_pb_dot_generation__pb2.SetPriorityRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_generation__pb2.SetPriorityResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -73,6 +78,14 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetPriority(self, request, context):
+        """Changes a waiting request's priority (lower = sooner) and reorders its queue. NOT_FOUND for
+        an unknown id, FAILED_PRECONDITION once it is no longer waiting (running or swapped out).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -90,6 +103,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.GetServerInfo,
                     request_deserializer=common_dot_pb_dot_generation__pb2.ServerInfoRequest.FromString,
                     response_serializer=common_dot_pb_dot_generation__pb2.ServerInfo.SerializeToString,
+            ),
+            'SetPriority': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPriority,
+                    request_deserializer=common_dot_pb_dot_generation__pb2.SetPriorityRequest.FromString,
+                    response_serializer=common_dot_pb_dot_generation__pb2.SetPriorityResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -173,6 +191,33 @@ class Generation:
             '/splitserve.v1.Generation/GetServerInfo',
             common_dot_pb_dot_generation__pb2.ServerInfoRequest.SerializeToString,
             common_dot_pb_dot_generation__pb2.ServerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPriority(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/splitserve.v1.Generation/SetPriority',
+            common_dot_pb_dot_generation__pb2.SetPriorityRequest.SerializeToString,
+            common_dot_pb_dot_generation__pb2.SetPriorityResponse.FromString,
             options,
             channel_credentials,
             insecure,

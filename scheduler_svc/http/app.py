@@ -11,6 +11,7 @@ from scheduler_svc.auth import check_key
 from scheduler_svc.http.context import HttpContext
 from scheduler_svc.http.errors import error_response, install_error_handlers
 from scheduler_svc.http.openai_routes import openai_router
+from scheduler_svc.http.priority_routes import priority_router
 
 # paths that never need the API key: probes and read-only operational pages (counts only)
 OPEN_PATHS = ("/health", "/ready", "/metrics", "/dashboard", "/")
@@ -55,6 +56,7 @@ def create_app(ctx: HttpContext) -> FastAPI:
     )
     install_error_handlers(app)
     app.include_router(openai_router(ctx))
+    app.include_router(priority_router(ctx))
 
     @app.get("/health")
     async def health() -> dict:

@@ -1,13 +1,22 @@
 """Weighted fair share of computed tokens across tenants.
 
-Each tenant has a virtual time: tokens computed for it (prefill and decode, as scheduled) divided
-by its weight. The waiting queue serves the backlogged tenant with the smallest virtual time
-next (within a tenant: priority, then arrival), so while several tenants have work their tokens
-follow the weights (10:1 weights: ~10:1 tokens), and a tenant with nothing queued simply drops
-out, leaving its share to the others. A tenant that becomes active again (a first request, or
-one after an idle spell) starts at the smallest virtual time among the active tenants, never
-below: idleness banks no credit. The victim of a preemption belongs to the tenant furthest
-ahead of its share (then: least wasted work).
+Each tenant has a virtual time: tokens computed for it (prefill and decode, as scheduled)
+divided by its weight. The waiting queue serves the backlogged tenant with the smallest virtual
+time next (within a tenant: priority, then arrival), so while several tenants have work their
+tokens follow the weights (10:1 weights: ~10:1 tokens), and a tenant with nothing queued simply
+drops out, leaving its share to the others. A tenant that becomes active again (a first
+request, or one after an idle spell) starts at the smallest virtual time among the active
+tenants, never below: idleness banks no credit. The victim of a preemption belongs to the
+tenant furthest ahead of its share (then: least wasted work).
+
+Admission decides who runs, but a request's tokens are computed over many steps after it: a
+tenant would look cheap until its admitted requests had run, and get too many admitted. So the
+first time a request is scheduled its tenant is charged what it is expected to compute in all
+(its tokens not yet computed, and its remaining output at the tenant's average output length so
+far, at most max_tokens); later steps charge only beyond that, and when it finishes the part
+not used is given back. Between leaving a queue and being scheduled (admission within one
+step) the same amount is held as pending, so one step cannot admit a burst from one tenant.
+``served`` counts the tokens really computed.
 
 The scheduler core reports tokens through ``account`` after every step, so per-tenant service
 is counted wherever the core runs (the engine's workers, which share this policy object, and
@@ -28,6 +37,7 @@ from scheduler_svc.core.request_queue import KeyedRequestQueue, RequestQueue
 
 _FINISHED = RequestStatus.FINISHED
 _COMPACT_MIN = 256
+OUTPUT_GUESS = 1024  # expected output length of a tenant's first requests (capped by max_tokens)
 
 
 @register_policy
@@ -53,6 +63,12 @@ class FairSharePolicy(SchedulingPolicy):
         # tenant -> its requests known to be unfinished, in first-seen order (lazily purged)
         self._live: dict[str, OrderedDict[str, Request]] = {}
         self._compact_at: dict[str, int] = {}
+        # scheduled, unfinished requests: id -> [request, tokens charged, tokens computed]
+        self._open: dict[str, list] = {}
+        self._mean_output: dict[str, float] = {}  # tenant -> average output length (EWMA)
+        # popped from a queue, not yet scheduled: id -> [request, expected tokens]
+        self._pending: dict[str, list] = {}
+        self._pending_sum: dict[str, float] = {}  # tenant -> pending tokens
 
     # -- tenants ----------------------------------------------------------------------------
     @staticmethod
@@ -78,23 +94,87 @@ class FairSharePolicy(SchedulingPolicy):
     def make_queue(self) -> TenantFairQueue:
         return TenantFairQueue(self)
 
+    def expected_output(self, request: Request) -> int:
+        """Output tokens a request is expected to produce in all: its tenant's average so
+        far (initially max_tokens, at most 1024), never above max_tokens."""
+        cap = request.sampling_params.max_tokens
+        mean = self._mean_output.get(request.tenant or "", min(cap, OUTPUT_GUESS))
+        return max(request.num_output_tokens + 1, min(cap, round(mean)))
+
+    def expected_tokens(self, request: Request) -> int:
+        """Tokens a waiting request is expected to compute in all."""
+        left = request.num_tokens - request.num_computed_tokens
+        return max(1, left) + max(0, self.expected_output(request) - request.num_output_tokens - 1)
+
+    def rank(self, tenant: str) -> float:
+        """Virtual time with pending admissions: the tenant served next has the smallest."""
+        v = self.vtime.get(tenant, 0.0)
+        pending = self._pending_sum.get(tenant)
+        return v + pending / self.weight(tenant) if pending else v
+
+    def on_pop(self, request: Request) -> None:
+        """It left a queue (to be admitted, most likely): hold its expected cost as pending."""
+        rid = request.request_id
+        self._unpend(rid)
+        amount = self.expected_tokens(request)
+        self._pending[rid] = [request, amount]
+        t = request.tenant or ""
+        self._pending_sum[t] = self._pending_sum.get(t, 0.0) + amount
+
+    def _unpend(self, rid: str) -> None:
+        entry = self._pending.pop(rid, None)
+        if entry is not None:
+            t = entry[0].tenant or ""
+            left = self._pending_sum.get(t, 0.0) - entry[1]
+            self._pending_sum[t] = left if left > 1e-9 else 0.0
+
     def account(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> None:
-        vtime, served = self.vtime, self.served
+        vtime, served, open_ = self.vtime, self.served, self._open
         lowest = math.inf
         for request, n in zip(requests, num_tokens, strict=True):
             t = request.tenant or ""
-            v = vtime.get(t, self._vclock) + n / self.weight(t)
-            vtime[t] = v
             served[t] = served.get(t, 0) + n
+            if self._pending:
+                self._unpend(request.request_id)
+            entry = open_.get(request.request_id)
+            if entry is None:  # first scheduled: charge what it should compute in all
+                later = request.num_tokens - request.num_computed_tokens  # known, after this
+                outputs = self.expected_output(request) - request.num_output_tokens
+                charge = n + max(0, later) + max(0, outputs - 1)
+                open_[request.request_id] = [request, charge, n]
+            else:
+                entry[0] = request  # (a migrated request is a new object)
+                entry[2] += n
+                charge = max(0, entry[2] - entry[1])  # beyond the estimate (e.g. recompute)
+                entry[1] += charge
+            v = vtime.get(t, self._vclock) + charge / self.weight(t)
+            vtime[t] = v
             if v < lowest:
                 lowest = v
         if lowest != math.inf and lowest > self._vclock:
             self._vclock = lowest
+        self._settle()
+
+    def _settle(self) -> None:
+        """Give back what finished requests were charged and did not compute."""
+        for rid in [rid for rid, e in self._pending.items() if e[0].status is _FINISHED]:
+            self._unpend(rid)  # popped, then aborted or refused before running
+        done = [rid for rid, e in self._open.items() if e[0].status is _FINISHED]
+        for rid in done:
+            request, charged, used = self._open.pop(rid)
+            t = request.tenant or ""
+            if charged > used:
+                self.vtime[t] = self.vtime.get(t, 0.0) - (charged - used) / self.weight(t)
+            m = self._mean_output.get(t)
+            n = request.num_output_tokens
+            self._mean_output[t] = n if m is None else 0.8 * m + 0.2 * n
 
     # -- activity ---------------------------------------------------------------------------
     def on_enqueue(self, request: Request) -> None:
         """A request of this tenant entered a queue ordered by this policy."""
         t = self.tenant_of(request)
+        if self._pending:
+            self._unpend(request.request_id)  # back in a queue: not being admitted
         if not self.is_active(t):
             floor = self.system_vtime(exclude=t)
             if self.vtime.get(t, -math.inf) < floor:
@@ -160,7 +240,7 @@ class TenantFairQueue(RequestQueue):
         self._enqueue(request, front=True)
 
     def _pick(self) -> KeyedRequestQueue | None:
-        vtime = self.policy.vtime
+        rank = self.policy.rank
         best: KeyedRequestQueue | None = None
         best_key: tuple[float, str] | None = None
         empty = []
@@ -168,7 +248,7 @@ class TenantFairQueue(RequestQueue):
             if not sub:
                 empty.append(t)
                 continue
-            k = (vtime.get(t, 0.0), t)
+            k = (rank(t), t)
             if best_key is None or k < best_key:
                 best, best_key = sub, k
         for t in empty:
@@ -181,6 +261,7 @@ class TenantFairQueue(RequestQueue):
             raise IndexError("pop from an empty waiting queue")
         request = sub.pop()
         del self._where[request.request_id]
+        self.policy.on_pop(request)
         return request
 
     def peek(self) -> Request | None:
@@ -210,12 +291,12 @@ class TenantFairQueue(RequestQueue):
 
     def __iter__(self) -> Iterator[Request]:
         """The expected pop order: tenants interleaved by virtual time, each request charged
-        its remaining tokens (actual service decides the real order)."""
+        its expected tokens (actual service decides the real order)."""
         policy = self.policy
         heap: list[tuple[float, str, Iterator[Request]]] = []
         for t, sub in self._subs.items():
             if sub:
-                heap.append((policy.vtime.get(t, 0.0), t, iter(sub)))
+                heap.append((policy.rank(t), t, iter(sub)))
         heapq.heapify(heap)
         while heap:
             v, t, it = heap[0]
@@ -224,7 +305,7 @@ class TenantFairQueue(RequestQueue):
                 heapq.heappop(heap)
                 continue
             yield request
-            cost = request.num_tokens - request.num_computed_tokens
+            cost = policy.expected_tokens(request)
             heapq.heapreplace(heap, (v + cost / policy.weight(t), t, it))
 
     def tenants(self) -> dict[str, int]:

@@ -1,0 +1,32 @@
+"""POST /v1/requests/{request_id}/priority {"priority": N}: change a waiting request's priority
+(as gRPC SetPriority): 200, 404 unknown id, 409 no longer waiting, 400 bad value."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict
+
+from scheduler_svc.http.context import HttpContext
+from scheduler_svc.http.errors import OpenAIError
+from scheduler_svc.policy_control import PriorityChangeError, set_priority
+
+STATUS = {"NOT_FOUND": 404, "FAILED_PRECONDITION": 409, "INVALID_ARGUMENT": 400}
+
+
+class PriorityChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    priority: int
+
+
+def priority_router(ctx: HttpContext) -> APIRouter:
+    router = APIRouter(prefix="/v1")
+
+    @router.post("/requests/{request_id}/priority")
+    async def change_priority(request_id: str, body: PriorityChange) -> dict:
+        try:
+            set_priority(ctx.engine, request_id, body.priority)
+        except PriorityChangeError as exc:
+            raise OpenAIError(STATUS[exc.code], str(exc), "priority", exc.code.lower()) from None
+        return {"request_id": request_id, "priority": body.priority}
+
+    return router
