@@ -1,4 +1,4 @@
-"""The `splitserve` command: scheduler, worker, up, generate, bench serve."""
+"""The `splitserve` command: scheduler, worker, up, generate, bench serve, sim."""
 
 from __future__ import annotations
 
@@ -56,6 +56,13 @@ def _bench_parser(sub) -> None:
         "serve", help="load a server (splitserve gRPC or OpenAI HTTP) and report latency"
     )
     add_arguments(serve)
+
+
+def _sim_parser(sub) -> None:
+    from scheduler_svc.sim.cli import add_arguments
+
+    p = sub.add_parser("sim", help="the scheduler core against cost-model workers, simulated time")
+    add_arguments(p)
 
 
 def _generate_parser(sub) -> None:
@@ -131,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     _up_parser(sub)
     _generate_parser(sub)
     _bench_parser(sub)
+    _sim_parser(sub)
     needs_worker = (argv if argv is not None else sys.argv[1:])[:1] == ["worker"]
     if needs_worker:  # importing the worker's config pulls in nothing heavy, but keep it lazy
         _worker_parser(sub)
@@ -164,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         from common.bench_serve import run as bench_serve
 
         return bench_serve(args)
+    if args.command == "sim":
+        from scheduler_svc.sim.cli import run as run_sim
+
+        return run_sim(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -1,0 +1,162 @@
+"""Summaries, the comparison table and the TTFT plot of simulator runs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from scheduler_svc.sim.simulator import SimResult
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (q in [0, 100]); nan when empty."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(res: SimResult) -> dict[str, Any]:
+    recs = res.records
+    done = [r for r in recs if r.finish is not None]
+    ttft = [r.ttft for r in recs if r.ttft is not None]
+    tpot = [r.tpot for r in recs if r.tpot is not None]
+    refused: dict[str, int] = {}
+    for r in recs:
+        if r.refused:
+            refused[r.refused] = refused.get(r.refused, 0) + 1
+    served = [r for r in recs if r.ttft is not None]
+    longest = sorted(served, key=lambda r: r.prompt_len)[-max(1, len(served) // 10) :]
+    out_tokens = sum(r.num_output for r in recs)
+    t = res.sim_time_s
+    new = res.computed_tokens - res.recomputed_tokens
+    shares_src = res.tenant_tokens_contended or res.tenant_tokens
+    total_share = sum(shares_src.values())
+    deadlines = [r.met_deadline for r in recs if r.met_deadline is not None]
+    s = res.settings
+    return {
+        "label": res.label,
+        "policy": s.policy,
+        "preemption_mode": s.preemption_mode,
+        "cost_model": res.cost_model,
+        "requests": len(recs),
+        "finished": len(done),
+        "refused": refused,
+        "unfinished": len(recs) - len(done) - sum(refused.values()),
+        "sim_time_s": t,
+        "wall_s": res.wall_s,
+        "steps": res.steps,
+        "output_tok_s": out_tokens / t if t > 0 else 0.0,
+        "requests_s": len(done) / t if t > 0 else 0.0,
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p90_s": percentile(ttft, 90),
+        "ttft_p99_s": percentile(ttft, 99),
+        "ttft_max_s": max(ttft) if ttft else math.nan,
+        "ttft_longest10_mean_s": (
+            sum(r.ttft for r in longest) / len(longest) if served else math.nan  # type: ignore[misc]
+        ),
+        "tpot_p50_ms": percentile(tpot, 50) * 1e3,
+        "tpot_p90_ms": percentile(tpot, 90) * 1e3,
+        "tpot_p99_ms": percentile(tpot, 99) * 1e3,
+        "preemptions": res.preemptions,
+        "swap_outs": res.swap_outs,
+        "recomputed_tokens": res.recomputed_tokens,
+        "recompute_ratio": res.recomputed_tokens / new if new > 0 else 0.0,
+        "thrash_max_ratio": res.thrash_max_ratio,
+        "backpressure_fired": res.thrash_episodes > 0,
+        "thrash_first_at_s": res.thrash_first_at,
+        "tenant_shares": {(k or "-"): v / total_share for k, v in sorted(shares_src.items())}
+        if total_share
+        else {},  # fmt: skip
+        "deadlines_met": sum(deadlines) / len(deadlines) if deadlines else None,
+        "stuck": res.stuck,
+    }
+
+
+def _fmt(v: float, scale: float = 1.0, digits: int = 2) -> str:
+    return (
+        "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * scale:.{digits}f}"
+    )
+
+
+def print_table(results: Sequence[SimResult], title: str = "splitserve sim", console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = [summarize(r) for r in results]
+    table = Table(title=title)
+    cols = [
+        "run", "done/refused", "out tok/s", "TTFT p50/p90/p99 s", "TTFT longest10% s",
+        "TPOT p50/p90/p99 ms", "preempt", "recomputed", "thrash max", "shares", "deadline",
+    ]  # fmt: skip
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("run", "shares") else "right")
+    for s in rows:
+        refused = sum(s["refused"].values())
+        shares = " ".join(f"{k}:{100 * v:.0f}%" for k, v in s["tenant_shares"].items())
+        thrash = (
+            _fmt(s["thrash_max_ratio"], 100, 0) + "%" + (" !" if s["backpressure_fired"] else "")
+        )
+        met = s["deadlines_met"]
+        table.add_row(
+            s["label"],
+            f"{s['finished']}/{refused}" + (" stuck" if s["stuck"] else ""),
+            _fmt(s["output_tok_s"], 1, 0),
+            "/".join(_fmt(s[k]) for k in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s")),
+            _fmt(s["ttft_longest10_mean_s"]),
+            "/".join(_fmt(s[k], 1, 0) for k in ("tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms")),
+            str(s["preemptions"]),
+            str(s["recomputed_tokens"]),
+            thrash,
+            shares if len(s["tenant_shares"]) > 1 else "",
+            "" if met is None else f"{100 * met:.0f}%",
+        )
+    if console is None:
+        console = Console(width=200)
+    console.print(table)
+
+
+def plot_ttft(results: Sequence[SimResult], path: Path | str, title: str = "") -> Path:
+    """TTFT distributions side by side (one violin per run, log scale) and their CDFs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r.label for r in results]
+    data = [[max(x.ttft, 1e-4) for x in r.records if x.ttft is not None] or [math.nan]
+            for r in results]  # fmt: skip
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(results) + 6), 4.8))
+    ok = [i for i, d in enumerate(data) if not math.isnan(d[0])]
+    if ok:
+        parts = ax1.violinplot([data[i] for i in ok], positions=[i + 1 for i in ok],
+                               showmedians=True, showextrema=True)  # fmt: skip
+        for body in parts["bodies"]:
+            body.set_alpha(0.5)
+    ax1.set_yscale("log")
+    ax1.set_xticks(range(1, len(labels) + 1), labels, rotation=20, ha="right")
+    ax1.set_ylabel("time to first token (s)")
+    ax1.set_title("TTFT per run")
+    for r, d in zip(results, data, strict=True):
+        if math.isnan(d[0]):
+            continue
+        xs = sorted(d)
+        ax2.plot(xs, [(k + 1) / len(xs) for k in range(len(xs))], label=r.label)
+    ax2.set_xscale("log")
+    ax2.set_xlabel("time to first token (s)")
+    ax2.set_ylabel("fraction of requests")
+    ax2.set_title("TTFT CDF")
+    ax2.grid(alpha=0.3)
+    ax2.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

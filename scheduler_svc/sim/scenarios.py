@@ -1,0 +1,183 @@
+"""Named experiments. Each is a list of (settings, trace) runs compared in one table and plot.
+
+- ``policies``: every policy on one mixed trace (two tenants weighted 3:1, priorities 0-2,
+  deadlines), near the workers' capacity.
+- ``budget128``: token budget 128 with chunked prefill off, then on (seed experiment 1): off,
+  prompts longer than the budget are refused at once (never starved in the queue); on, all run.
+- ``small-pool``: the same load on KV pools of 240, 120 and 60 blocks (seed experiment 2):
+  preemptions and recomputed tokens rise as the pool shrinks and the thrash signal fires; the
+  last run also applies backpressure.
+- ``sjf``: a drainable burst (seed experiment 3): sjf beats fcfs on median TTFT while the
+  longest prompts wait longer; sjf-aging caps their wait.
+- ``starvation``: a few long prompts in a stream of short ones that never lets up: sjf starves
+  them until the stream ends, sjf-aging bounds their wait.
+- ``preemption``: recompute, swap and auto on a small pool with host blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from scheduler_svc.sim.costmodel import StepCostModel
+from scheduler_svc.sim.simulator import SimSettings
+from scheduler_svc.sim.trace import TraceConfig, TraceRequest, make_trace
+
+Run = tuple[SimSettings, list[TraceRequest]]
+
+
+def capacity_tok_s(cost: StepCostModel, s: SimSettings, context: int = 512) -> float:
+    """Tokens per second one worker computes in a full step: max_num_seqs decodes at
+    ``context`` and a prefill chunk filling the rest of the budget."""
+    seqs = min(s.max_num_seqs, s.max_num_batched_tokens // 2)
+    chunk = s.max_num_batched_tokens - seqs
+    pairs = seqs * context + chunk * (chunk + 1) / 2
+    return s.max_num_batched_tokens / cost.compute_s(s.max_num_batched_tokens, pairs, seqs + 1)
+
+
+def rate_for(load: float, cost: StepCostModel, s: SimSettings, tc: TraceConfig) -> float:
+    """Arrivals per second that put ``load`` (1 = capacity) on the workers."""
+    import math
+
+    mean = lambda median, sigma: median * math.exp(sigma * sigma / 2)  # noqa: E731
+    per_request = mean(tc.prompt_median, tc.prompt_sigma) + mean(tc.output_median, tc.output_sigma)
+    return load * s.num_workers * capacity_tok_s(cost, s) / per_request
+
+
+def policy_options(cost: StepCostModel, **extra) -> dict:
+    """Options every policy may take, from the cost model (deadline's service estimate)."""
+    return {
+        "prefill_s_per_token": cost.per_token_s,
+        "decode_s_per_token": cost.compute_s(1, 512, 1),
+        **extra,
+    }
+
+
+def _replace(s: SimSettings, **kw) -> SimSettings:
+    return dataclasses.replace(s, policy_options=dict(s.policy_options), **kw)
+
+
+def policies(base: SimSettings, tc: TraceConfig, cost: StepCostModel, names=None) -> list[Run]:
+    priorities = tc.priorities if len(tc.priorities) > 1 else (0, 1, 2)
+    tc = dataclasses.replace(tc, tenants=tc.tenants or {"a": 1.0, "b": 1.0}, priorities=priorities)
+    if not (tc.deadline_base_s or tc.deadline_per_token_s):
+        # slack: about four times the time each token takes alone
+        per_token = 4 * cost.per_token_s + 2 * cost.compute_s(1, 512, 1) / max(
+            1.0, tc.output_median
+        )
+        tc = dataclasses.replace(tc, deadline_base_s=2.0, deadline_per_token_s=per_token)
+    if not tc.request_rate:
+        tc = dataclasses.replace(tc, request_rate=rate_for(0.95, cost, base, tc))
+    trace = make_trace(tc)
+    opts = policy_options(cost, weights={"a": 3.0, "b": 1.0}, **base.policy_options)
+    names = names or ["fcfs", "priority", "sjf", "sjf-aging", "priority-aging", "fair", "deadline"]
+    return [(_replace(base, policy=n, label=n, policy_options=opts), trace) for n in names]
+
+
+def budget128(base: SimSettings, tc: TraceConfig, cost: StepCostModel, names=None) -> list[Run]:
+    s = _replace(base, max_num_batched_tokens=128)
+    tc = dataclasses.replace(
+        tc, prompt_median=90, prompt_sigma=0.8, prompt_max=1024, output_median=48, output_sigma=0.6
+    )
+    if not tc.request_rate:
+        tc = dataclasses.replace(tc, request_rate=rate_for(0.5, cost, s, tc))
+    trace = make_trace(tc)
+    return [
+        (_replace(s, enable_chunked_prefill=False, label="budget 128, chunked off"), trace),
+        (_replace(s, enable_chunked_prefill=True, label="budget 128, chunked on"), trace),
+    ]
+
+
+def small_pool(base: SimSettings, tc: TraceConfig, cost: StepCostModel, names=None) -> list[Run]:
+    s = _replace(base, max_model_len=960, max_num_seqs=32)
+    tc = dataclasses.replace(
+        tc,
+        prompt_median=160,
+        prompt_sigma=0.6,
+        prompt_max=480,
+        output_median=160,
+        output_sigma=0.6,
+        output_max=460,
+    )
+    if not tc.request_rate:
+        tc = dataclasses.replace(tc, request_rate=rate_for(0.5, cost, s, tc))
+    trace = make_trace(tc)
+    runs = [(_replace(s, num_blocks=n, label=f"{n} blocks"), trace) for n in (240, 120, 60)]
+    runs.append(
+        (
+            _replace(s, num_blocks=60, thrash_backpressure=True, label="60 blocks + backpressure"),
+            trace,
+        )
+    )
+    return runs
+
+
+def sjf(base: SimSettings, tc: TraceConfig, cost: StepCostModel, names=None) -> list[Run]:
+    tc = dataclasses.replace(
+        tc,
+        request_rate=0.0,
+        prompt_median=200,
+        prompt_sigma=1.0,
+        prompt_max=3000,
+        output_median=24,
+        output_sigma=0.5,
+    )
+    trace = make_trace(tc)
+    # aging: a prompt of P tokens is passed by shorter ones for at most P / rate seconds
+    rate = 1500 / (0.25 * _drain_s(trace, cost, base))
+    opts = policy_options(cost, aging_rate=rate, **base.policy_options)
+    names = names or ["fcfs", "sjf", "sjf-aging"]
+    return [(_replace(base, policy=n, label=n, policy_options=opts), trace) for n in names]
+
+
+def starvation(base: SimSettings, tc: TraceConfig, cost: StepCostModel, names=None) -> list[Run]:
+    s = _replace(base, max_num_seqs=16)
+    shorts = dataclasses.replace(
+        tc,
+        prompt_median=48,
+        prompt_sigma=0.3,
+        prompt_max=96,
+        output_median=16,
+        output_sigma=0.3,
+        output_max=32,
+    )
+    rate = rate_for(1.3, cost, s, shorts)  # more than the workers can take
+    shorts = dataclasses.replace(shorts, request_rate=rate)
+    trace = make_trace(shorts)
+    longs = [TraceRequest(f"long{k}", 0.5 + k, 1500, 16) for k in range(3)]
+    trace = sorted(trace + longs, key=lambda r: r.arrival)
+    opts = policy_options(cost, aging_rate=300.0, **base.policy_options)
+    names = names or ["fcfs", "sjf", "sjf-aging"]
+    return [(_replace(s, policy=n, label=n, policy_options=opts), trace) for n in names]
+
+
+def preemption(base: SimSettings, tc: TraceConfig, cost: StepCostModel, names=None) -> list[Run]:
+    runs = small_pool(base, tc, cost)[2:3]
+    s, trace = runs[0]
+    return [
+        (
+            _replace(
+                s,
+                preemption_mode=m,
+                num_host_blocks=0 if m == "recompute" else 400,
+                label=f"60 blocks, {m}",
+            ),
+            trace,
+        )
+        for m in ("recompute", "swap", "auto")
+    ]
+
+
+def _drain_s(trace: list[TraceRequest], cost: StepCostModel, s: SimSettings) -> float:
+    tokens = sum(r.prompt_len + r.output_len for r in trace)
+    return tokens / (s.num_workers * capacity_tok_s(cost, s))
+
+
+SCENARIOS: dict[str, Callable[..., list[Run]]] = {
+    "policies": policies,
+    "budget128": budget128,
+    "small-pool": small_pool,
+    "sjf": sjf,
+    "starvation": starvation,
+    "preemption": preemption,
+}
