@@ -11,9 +11,10 @@ step nothing is refused. Not modelled: a full ``max_num_seqs`` (the newcomer the
 a running request to finish), prefix-cache hits.
 
 Thrash backpressure: recomputed tokens (work done again after preemptions) over newly computed
-tokens in a sliding window (default 10 s). Above ``thrash_threshold`` (default 0.2, the seeds'
-20%) the KV cache is thrashing: a warning line is logged and the metrics say so; with
-``backpressure`` on, new requests are refused until the ratio falls below 3/4 of the threshold.
+tokens in a sliding window (default 10 s, stretched to cover at least 2048 scheduled tokens).
+Above ``thrash_threshold`` (default 0.2, the seeds' 20%) the KV cache is thrashing: a warning
+line is logged and the metrics say so; with ``backpressure`` on, new requests are refused until
+the ratio falls below 3/4 of the threshold.
 """
 
 from __future__ import annotations
@@ -87,9 +88,11 @@ class ThrashMonitor:
         window_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         log: Any = None,
+        min_tokens: int = 2048,
     ) -> None:
         self.threshold = threshold
         self.window_s = window_s
+        self.min_tokens = min_tokens  # the window reaches back to cover at least this many
         self.clock = clock
         self.log = log
         self._samples: deque[tuple[float, int, int]] = deque()
@@ -148,9 +151,15 @@ class ThrashMonitor:
         )
 
     def _prune(self, now: float) -> None:
+        """Drop samples older than the window, but keep at least ``min_tokens`` scheduled
+        tokens while they are younger than 10 windows (a slow worker's few steps are no
+        evidence of thrashing, and no evidence against it)."""
         samples, horizon = self._samples, now - self.window_s
         while samples and samples[0][0] < horizon:
-            _, r, s = samples.popleft()
+            t, r, s = samples[0]
+            if self.scheduled - s < self.min_tokens and t >= now - 10 * self.window_s:
+                break
+            samples.popleft()
             self.recomputed -= r
             self.scheduled -= s
 

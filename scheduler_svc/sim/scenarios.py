@@ -4,11 +4,11 @@
   deadlines), near the workers' capacity.
 - ``budget128``: token budget 128 with chunked prefill off, then on (seed experiment 1): off,
   prompts longer than the budget are refused at once (never starved in the queue); on, all run.
-- ``small-pool``: the same load on KV pools of 240, 120 and 60 blocks (seed experiment 2):
+- ``small-pool``: the same load on KV pools of 480, 120 and 60 blocks (seed experiment 2):
   preemptions and recomputed tokens rise as the pool shrinks and the thrash signal fires; the
   last run also applies backpressure.
-- ``sjf``: a drainable burst (seed experiment 3): sjf beats fcfs on median TTFT while the
-  longest prompts wait longer; sjf-aging caps their wait.
+- ``sjf``: sustained load, then the queue drains (seed experiment 3): sjf beats fcfs on median
+  TTFT while the longest prompts wait longer; sjf-aging caps their wait.
 - ``starvation``: a few long prompts in a stream of short ones that never lets up: sjf starves
   them until the stream ends, sjf-aging bounds their wait.
 - ``preemption``: recompute, swap and auto on a small pool with host blocks.
@@ -20,28 +20,23 @@ import dataclasses
 from collections.abc import Callable
 
 from scheduler_svc.sim.costmodel import StepCostModel
-from scheduler_svc.sim.simulator import SimSettings
+from scheduler_svc.sim.simulator import SimSettings, simulate
 from scheduler_svc.sim.trace import TraceConfig, TraceRequest, make_trace
 
 Run = tuple[SimSettings, list[TraceRequest]]
 
 
-def capacity_tok_s(cost: StepCostModel, s: SimSettings, context: int = 512) -> float:
-    """Tokens per second one worker computes in a full step: max_num_seqs decodes at
-    ``context`` and a prefill chunk filling the rest of the budget."""
-    seqs = min(s.max_num_seqs, s.max_num_batched_tokens // 2)
-    chunk = s.max_num_batched_tokens - seqs
-    pairs = seqs * context + chunk * (chunk + 1) / 2
-    return s.max_num_batched_tokens / cost.compute_s(s.max_num_batched_tokens, pairs, seqs + 1)
+def capacity_rps(cost: StepCostModel, s: SimSettings, tc: TraceConfig, n: int = 150) -> float:
+    """Requests per second the workers finish with a queue that never empties: measured on a
+    burst of ``n`` requests like ``tc``'s (simulated, so it takes a moment)."""
+    burst = make_trace(dataclasses.replace(tc, num_requests=n, request_rate=0.0, seed=tc.seed + 1))
+    res = simulate(s, burst, cost)
+    return n / max(res.sim_time_s, 1e-9)
 
 
 def rate_for(load: float, cost: StepCostModel, s: SimSettings, tc: TraceConfig) -> float:
     """Arrivals per second that put ``load`` (1 = capacity) on the workers."""
-    import math
-
-    mean = lambda median, sigma: median * math.exp(sigma * sigma / 2)  # noqa: E731
-    per_request = mean(tc.prompt_median, tc.prompt_sigma) + mean(tc.output_median, tc.output_sigma)
-    return load * s.num_workers * capacity_tok_s(cost, s) / per_request
+    return load * capacity_rps(cost, s, tc)
 
 
 def policy_options(cost: StepCostModel, **extra) -> dict:
@@ -54,18 +49,24 @@ def policy_options(cost: StepCostModel, **extra) -> dict:
 
 
 def _replace(s: SimSettings, **kw) -> SimSettings:
-    return dataclasses.replace(s, policy_options=dict(s.policy_options), **kw)
+    kw.setdefault("policy_options", dict(s.policy_options))
+    return dataclasses.replace(s, **kw)
 
 
 def policies(base: SimSettings, tc: TraceConfig, cost: StepCostModel, names=None) -> list[Run]:
     priorities = tc.priorities if len(tc.priorities) > 1 else (0, 1, 2)
     tc = dataclasses.replace(tc, tenants=tc.tenants or {"a": 1.0, "b": 1.0}, priorities=priorities)
-    if not (tc.deadline_base_s or tc.deadline_per_token_s):
-        # slack: about four times the time each token takes alone
-        per_token = 4 * cost.per_token_s + 2 * cost.compute_s(1, 512, 1) / max(
-            1.0, tc.output_median
+    if not (tc.deadline_base_s or tc.deadline_per_token_s or tc.deadline_per_output_s):
+        # slack: twice a prompt token's prefill, and per output token two decode steps of a
+        # half-full batch
+        seqs = max(1, base.max_num_seqs // 2)
+        step = cost.compute_s(seqs, seqs * 512, seqs)
+        tc = dataclasses.replace(
+            tc,
+            deadline_base_s=2.0,
+            deadline_per_token_s=2 * cost.per_token_s,
+            deadline_per_output_s=1.5 * step,
         )
-        tc = dataclasses.replace(tc, deadline_base_s=2.0, deadline_per_token_s=per_token)
     if not tc.request_rate:
         tc = dataclasses.replace(tc, request_rate=rate_for(0.95, cost, base, tc))
     trace = make_trace(tc)
@@ -99,10 +100,12 @@ def small_pool(base: SimSettings, tc: TraceConfig, cost: StepCostModel, names=No
         output_sigma=0.6,
         output_max=460,
     )
-    if not tc.request_rate:
-        tc = dataclasses.replace(tc, request_rate=rate_for(0.5, cost, s, tc))
+    if not tc.request_rate:  # comfortable for the largest pool
+        tc = dataclasses.replace(
+            tc, request_rate=rate_for(0.5, cost, _replace(s, num_blocks=480), tc)
+        )
     trace = make_trace(tc)
-    runs = [(_replace(s, num_blocks=n, label=f"{n} blocks"), trace) for n in (240, 120, 60)]
+    runs = [(_replace(s, num_blocks=n, label=f"{n} blocks"), trace) for n in (480, 120, 60)]
     runs.append(
         (
             _replace(s, num_blocks=60, thrash_backpressure=True, label="60 blocks + backpressure"),
@@ -113,18 +116,15 @@ def small_pool(base: SimSettings, tc: TraceConfig, cost: StepCostModel, names=No
 
 
 def sjf(base: SimSettings, tc: TraceConfig, cost: StepCostModel, names=None) -> list[Run]:
+    """Sustained load (1.1 x capacity: the queue grows), then it drains (a finite trace)."""
     tc = dataclasses.replace(
-        tc,
-        request_rate=0.0,
-        prompt_median=200,
-        prompt_sigma=1.0,
-        prompt_max=3000,
-        output_median=24,
-        output_sigma=0.5,
+        tc, prompt_median=200, prompt_sigma=1.0, prompt_max=3000, output_median=24, output_sigma=0.5
     )
+    if not tc.request_rate:
+        tc = dataclasses.replace(tc, request_rate=rate_for(1.1, cost, base, tc))
     trace = make_trace(tc)
-    # aging: a prompt of P tokens is passed by shorter ones for at most P / rate seconds
-    rate = 1500 / (0.25 * _drain_s(trace, cost, base))
+    # aging: the longest prompt is passed by shorter ones for at most 30% of the trace
+    rate = tc.prompt_max / (0.3 * max(1e-9, trace[-1].arrival - trace[0].arrival))
     opts = policy_options(cost, aging_rate=rate, **base.policy_options)
     names = names or ["fcfs", "sjf", "sjf-aging"]
     return [(_replace(base, policy=n, label=n, policy_options=opts), trace) for n in names]
@@ -141,12 +141,14 @@ def starvation(base: SimSettings, tc: TraceConfig, cost: StepCostModel, names=No
         output_sigma=0.3,
         output_max=32,
     )
-    rate = rate_for(1.3, cost, s, shorts)  # more than the workers can take
+    rate = rate_for(1.2, cost, s, shorts)  # more than the workers can take
     shorts = dataclasses.replace(shorts, request_rate=rate)
     trace = make_trace(shorts)
     longs = [TraceRequest(f"long{k}", 0.5 + k, 1500, 16) for k in range(3)]
     trace = sorted(trace + longs, key=lambda r: r.arrival)
-    opts = policy_options(cost, aging_rate=300.0, **base.policy_options)
+    # aging: the long prompts are passed by short ones for at most a quarter of the stream
+    aging = 1500 / (0.25 * max(1e-9, trace[-1].arrival))
+    opts = policy_options(cost, aging_rate=aging, **base.policy_options)
     names = names or ["fcfs", "sjf", "sjf-aging"]
     return [(_replace(s, policy=n, label=n, policy_options=opts), trace) for n in names]
 
@@ -166,11 +168,6 @@ def preemption(base: SimSettings, tc: TraceConfig, cost: StepCostModel, names=No
         )
         for m in ("recompute", "swap", "auto")
     ]
-
-
-def _drain_s(trace: list[TraceRequest], cost: StepCostModel, s: SimSettings) -> float:
-    tokens = sum(r.prompt_len + r.output_len for r in trace)
-    return tokens / (s.num_workers * capacity_tok_s(cost, s))
 
 
 SCENARIOS: dict[str, Callable[..., list[Run]]] = {

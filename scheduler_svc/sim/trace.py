@@ -22,9 +22,11 @@ class TraceConfig:
     output_max: int = 1024
     tenants: dict[str, float] = field(default_factory=dict)  # name -> share of requests
     priorities: tuple[int, ...] = (0,)  # drawn uniformly
-    # deadline = arrival + deadline_base_s + deadline_per_token_s * (prompt + output); 0 = none
+    # deadline = arrival + deadline_base_s + deadline_per_token_s * prompt
+    #            + deadline_per_output_s * output; all 0 = no deadlines
     deadline_base_s: float = 0.0
     deadline_per_token_s: float = 0.0
+    deadline_per_output_s: float = 0.0
     shared_prefix_len: int = 0  # a system prompt every request starts with
     seed: int = 0
 
@@ -73,8 +75,11 @@ def make_trace(cfg: TraceConfig) -> list[TraceRequest]:
         tenant = rng.choices(names, weights)[0] if names else None
         priority = rng.choice(cfg.priorities)
         deadline = None
-        if cfg.deadline_base_s or cfg.deadline_per_token_s:
-            deadline = t + cfg.deadline_base_s + cfg.deadline_per_token_s * (prompt + output)
+        if cfg.deadline_base_s or cfg.deadline_per_token_s or cfg.deadline_per_output_s:
+            deadline = (
+                t + cfg.deadline_base_s + cfg.deadline_per_token_s * prompt
+                + cfg.deadline_per_output_s * output
+            )  # fmt: skip
         out.append(TraceRequest(f"r{i}", t, prompt, output, tenant, priority, deadline))
     return out
 
