@@ -391,21 +391,21 @@ class ServingEngine:
         depth = 2 if self.config.async_scheduling else 1
         inflight: deque = deque()
         while not session.lost:
-            if (
-                session.draining
-                and not inflight
-                and (not session.request_ids or time.monotonic() >= session.drain_deadline)
-            ):
+            leaving = session.draining and (
+                not session.request_ids or time.monotonic() >= session.drain_deadline
+            )
+            if leaving and not inflight:
                 return
             try:
-                while len(inflight) < depth:
+                while len(inflight) < depth and not leaving:
                     out = sched.schedule()
                     if not _has_work(out):
                         break
                     started = time.perf_counter()
                     inflight.append((out, await transport.submit(out), started))
                 if not inflight:
-                    await self._idle(session)
+                    if not leaving:
+                        await self._idle(session)
                     continue
                 out, handle, started = inflight.popleft()
                 reply = await transport.result(out, handle)
