@@ -253,9 +253,9 @@ class SloAdmission:
         if predicted is not None and predicted > slo:
             self.num_refused_slo += 1
             raise Overloaded(
-                f"the predicted time to first token is {predicted * 1e3:.0f} ms, over the "
-                f"target of {slo * 1e3:.0f} ms (--ttft-slo-ms): the queue ahead is too long; "
-                "retry later",
+                f"the predicted time to first token (at least {predicted * 1e3:.0f} ms) is over "
+                f"the target of {slo * 1e3:.0f} ms (--ttft-slo-ms): the queue ahead is too "
+                "long; retry later",
                 retry_after_s=min(60.0, max(0.1, predicted - slo)),
             )
 

@@ -31,7 +31,8 @@ def _sync(device: torch.device) -> None:
 
 def _time_prefill(runner, n: int) -> float:
     bs = runner.block_size
-    prompt = [(j * 7) % 1000 + 10 for j in range(n)]
+    vocab = max(4, getattr(runner, "vocab_size", 1000) - 3)
+    prompt = [(j * 7) % vocab + 3 for j in range(n)]
     so = SchedulerOutput(
         new_requests=[
             NewRequestData(PROBE_ID, prompt, SamplingParams(max_tokens=1, temperature=0.0),
