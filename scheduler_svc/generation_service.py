@@ -140,6 +140,8 @@ class GenerationService(pb_grpc.GenerationServicer):
                 num_preemptions=stats.num_preemptions,
                 num_steps=session.num_steps,
                 state=session.state,
+                num_swap_outs=stats.num_swap_outs,
+                num_recomputed_tokens=stats.num_recomputed_tokens,
             )
             info.num_running += stats.num_running
             info.num_waiting += stats.num_waiting

@@ -138,7 +138,7 @@ class ServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "address", "num_blocks", "num_free_blocks", "num_host_blocks", "num_running", "num_waiting", "kv_usage", "num_preemptions", "num_steps", "state")
+    __slots__ = ("worker_id", "address", "num_blocks", "num_free_blocks", "num_host_blocks", "num_running", "num_waiting", "kv_usage", "num_preemptions", "num_steps", "state", "num_swap_outs", "num_recomputed_tokens")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +150,8 @@ class WorkerInfo(_message.Message):
     NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    NUM_SWAP_OUTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_RECOMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     num_blocks: int
@@ -161,7 +163,9 @@ class WorkerInfo(_message.Message):
     num_preemptions: int
     num_steps: int
     state: str
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., num_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., num_preemptions: _Optional[int] = ..., num_steps: _Optional[int] = ..., state: _Optional[str] = ...) -> None: ...
+    num_swap_outs: int
+    num_recomputed_tokens: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., num_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., num_preemptions: _Optional[int] = ..., num_steps: _Optional[int] = ..., state: _Optional[str] = ..., num_swap_outs: _Optional[int] = ..., num_recomputed_tokens: _Optional[int] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
     __slots__ = ("model", "max_model_len", "block_size", "scheduling_policy", "workers", "num_requests_in_flight", "num_waiting", "num_running", "num_preemptions", "num_requests_finished", "version")
