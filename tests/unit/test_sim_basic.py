@@ -82,7 +82,7 @@ def test_simulation_is_deterministic_fast_and_complete():
 
 
 def test_swap_and_two_workers_and_slo_refusals_in_the_simulator():
-    trace = make_trace(TraceConfig(num_requests=120, request_rate=40.0, prompt_median=300,
+    trace = make_trace(TraceConfig(num_requests=80, request_rate=40.0, prompt_median=300,
                                    prompt_max=1500, output_median=200, seed=2))  # fmt: skip
     small = dict(num_blocks=120, max_model_len=1900)
     rec = simulate(SimSettings(**small), trace, COST)

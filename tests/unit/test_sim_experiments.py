@@ -44,7 +44,7 @@ def test_budget_128_without_chunked_prefill_refuses_long_prompts_at_once():
 
 
 def test_small_pool_preempts_recomputes_and_fires_the_thrash_signal():
-    res = run("small-pool")
+    res = run("small-pool", num_requests=200)
     s = {label: summarize(r) for label, r in res.items()}
     big, mid, small = s["480 blocks"], s["120 blocks"], s["60 blocks"]
     assert big["preemptions"] < mid["preemptions"] < small["preemptions"]
