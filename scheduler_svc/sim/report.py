@@ -38,6 +38,9 @@ def summarize(res: SimResult) -> dict[str, Any]:
     shares_src = res.tenant_tokens_contended or res.tenant_tokens
     total_share = sum(shares_src.values())
     deadlines = [r.met_deadline for r in recs if r.met_deadline is not None]
+    by_priority: dict[int, list[float]] = {}
+    for r in served:
+        by_priority.setdefault(r.priority, []).append(r.ttft)  # type: ignore[arg-type]
     s = res.settings
     return {
         "label": res.label,
@@ -74,6 +77,7 @@ def summarize(res: SimResult) -> dict[str, Any]:
         if total_share
         else {},  # fmt: skip
         "deadlines_met": sum(deadlines) / len(deadlines) if deadlines else None,
+        "ttft_p50_by_priority_s": {p: percentile(v, 50) for p, v in sorted(by_priority.items())},
         "stuck": res.stuck,
     }
 
@@ -93,9 +97,11 @@ def print_table(results: Sequence[SimResult], title: str = "splitserve sim", con
     cols = [
         "run", "done/refused", "out tok/s", "TTFT p50/p90/p99 s", "TTFT longest10% s",
         "TPOT p50/p90/p99 ms", "preempt", "recomputed", "thrash max", "shares", "deadline",
+        "TTFT p50 by priority",
     ]  # fmt: skip
     for c in cols:
-        table.add_column(c, justify="left" if c in ("run", "shares") else "right")
+        left = c in ("run", "shares", "TTFT p50 by priority")
+        table.add_column(c, justify="left" if left else "right")
     for s in rows:
         refused = sum(s["refused"].values())
         shares = " ".join(f"{k}:{100 * v:.0f}%" for k, v in s["tenant_shares"].items())
@@ -115,6 +121,9 @@ def print_table(results: Sequence[SimResult], title: str = "splitserve sim", con
             thrash,
             shares if len(s["tenant_shares"]) > 1 else "",
             "" if met is None else f"{100 * met:.0f}%",
+            " ".join(f"{p}:{v:.1f}" for p, v in s["ttft_p50_by_priority_s"].items())
+            if len(s["ttft_p50_by_priority_s"]) > 1
+            else "",
         )
     if console is None:
         console = Console(width=200)

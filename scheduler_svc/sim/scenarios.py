@@ -1,7 +1,7 @@
 """Named experiments. Each is a list of (settings, trace) runs compared in one table and plot.
 
 - ``policies``: every policy on one mixed trace (two tenants weighted 3:1, priorities 0-2,
-  deadlines), near the workers' capacity.
+  deadlines), at 1.2 x the workers' capacity until the trace ends.
 - ``budget128``: token budget 128 with chunked prefill off, then on (seed experiment 1): off,
   prompts longer than the budget are refused at once (never starved in the queue); on, all run.
 - ``small-pool``: the same load on KV pools of 480, 120 and 60 blocks (seed experiment 2):
@@ -67,8 +67,8 @@ def policies(base: SimSettings, tc: TraceConfig, cost: StepCostModel, names=None
             deadline_per_token_s=2 * cost.per_token_s,
             deadline_per_output_s=1.5 * step,
         )
-    if not tc.request_rate:
-        tc = dataclasses.replace(tc, request_rate=rate_for(0.95, cost, base, tc))
+    if not tc.request_rate:  # a queue builds up (then drains): the policies differ
+        tc = dataclasses.replace(tc, request_rate=rate_for(1.2, cost, base, tc))
     trace = make_trace(tc)
     opts = policy_options(cost, weights={"a": 3.0, "b": 1.0}, **base.policy_options)
     names = names or ["fcfs", "priority", "sjf", "sjf-aging", "priority-aging", "fair", "deadline"]
