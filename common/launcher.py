@@ -20,8 +20,15 @@ def run_up(args: argparse.Namespace) -> int:
     from scheduler_svc.config import SchedulerServiceConfig
 
     cfg = dataclass_from_args(SchedulerServiceConfig, args)
-    env = dict(os.environ)
-    procs: list[subprocess.Popen] = [_spawn(["scheduler", *to_argv(cfg)], env)]
+    # secrets travel in the children's environment, not on their command lines (ps shows those)
+    env = dict(
+        os.environ, SPLITSERVE_API_KEY=cfg.api_key, SPLITSERVE_WORKER_SECRET=cfg.worker_secret
+    )
+    argv = to_argv(cfg)
+    for flag in ("--api-key", "--worker-secret"):
+        k = argv.index(flag)
+        del argv[k : k + 2]
+    procs: list[subprocess.Popen] = [_spawn(["scheduler", *argv], env)]
     threads = max(1, (os.cpu_count() or 1) // max(1, args.workers))
     scheduler_addr = f"127.0.0.1:{cfg.worker_port}"
     for i in range(args.workers):
@@ -33,8 +40,6 @@ def run_up(args: argparse.Namespace) -> int:
             f"worker-{i}",
             "--num-threads",
             str(threads),
-            "--worker-secret",
-            cfg.worker_secret,
             *args.worker_arg,
         ]
         if cfg.model:
