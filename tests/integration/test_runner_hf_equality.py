@@ -132,10 +132,14 @@ class Driver:
             if not r.sent:
                 so.new_requests.append(
                     NewRequestData(
-                        r.req_id, r.prompt, r.params, list(r.blocks), r.num_computed,
+                        r.req_id,
+                        r.prompt,
+                        r.params,
+                        list(r.blocks),
+                        r.num_computed,
                         list(r.outputs),
                     )
-                )  # fmt: skip
+                )
                 r.sent = True
             elif r.resumed:
                 so.cached_requests.append(
@@ -303,3 +307,41 @@ def test_swap_out_and_in(env):
     new = d.swap_in("p0")
     assert new != old
     check(env, d.run(), ["p0", "p1", "p2"])
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "mistral"])
+def test_other_architectures(arch, tmp_path):
+    """Attention bias (Qwen2), q/k norms (Qwen3), Mistral: same path, same greedy tokens."""
+    import transformers
+
+    cls, config_cls = {
+        "qwen2": ("Qwen2ForCausalLM", "Qwen2Config"),
+        "qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
+        "mistral": ("MistralForCausalLM", "MistralConfig"),
+    }[arch]
+    config = getattr(transformers, config_cls)(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=300,
+        max_position_embeddings=256,
+        initializer_range=0.2,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
+    torch.manual_seed(0)
+    getattr(transformers, cls)(config).save_pretrained(tmp_path)
+    rng = random.Random(2)
+    prompts = [[rng.randrange(300) for _ in range(k)] for k in (5, 23, 11)]
+    runner = ModelRunner(ModelRunnerConfig(model=str(tmp_path), block_size=4, num_gpu_blocks=64))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        refs = {f"p{i}": hf_greedy(hf, p, 8) for i, p in enumerate(prompts)}
+    d = Driver(runner, chunk=7)
+    for i, p in enumerate(prompts):
+        d.add(f"p{i}", p, 8)
+    assert d.run() == refs
