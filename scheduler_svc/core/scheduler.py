@@ -252,7 +252,10 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
         blocks (None if it was preempted itself) and its index after the removals."""
         running = self.running
         while True:
-            vi = self.policy.select_victim(running, self._cost.waste)
+            # DESIGN's rule (the least important, latest arrival) unless preemption is
+            # cost-based ("auto"): then equally important candidates are ranked by wasted work
+            waste = self._cost.waste if self._preemption_mode == "auto" else None
+            vi = self.policy.select_victim(running, waste)
             victim = running.pop(vi)
             if vi < i:  # already scheduled this step: give its tokens and its output back
                 i -= 1
