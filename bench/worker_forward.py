@@ -219,10 +219,11 @@ def hf_generate_batch(model, prompts: list[list[int]], max_tokens: int) -> dict:
 
 
 def check_greedy(runner_out: list[list[int]], hf_out: list[list[int]], eos: int | None) -> dict:
-    """Tokens equal up to the first EOS (HF was forced past it with min_new_tokens)."""
+    """Tokens equal up to where the runner (EOS ignored) emitted EOS: HF, forced past EOS by
+    min_new_tokens, takes its second choice there."""
     equal = 0
     for ours, ref in zip(runner_out, hf_out, strict=False):
-        stop = ref.index(eos) + 1 if eos in ref else len(ref)
+        stop = ours.index(eos) if eos in ours else len(ours)
         equal += ours[:stop] == ref[:stop]
     return {"equal": equal, "compared": min(len(runner_out), len(hf_out))}
 
