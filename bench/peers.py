@@ -164,6 +164,13 @@ def notes(args, wl, info: dict) -> list[str]:
         "bounded by the arrival rate. TPOT = (last token − first token) ÷ (tokens − 1).",
         "splitserve-grpc: the benchmark client, the scheduler and the worker share the same cores.",
     ]
+    cpus = os.cpu_count() or 1
+    if args.threads > 1 and os.getloadavg()[0] + args.threads > cpus + 0.5:
+        out.append(
+            f"Oversubscribed ({args.threads} threads each, {cpus} cores, other load): spin-waiting "
+            "thread pools collapse, llama.cpp's most (seen here: its single-request decode took "
+            "1-2.5 s/token at -t 2 against 48 ms at -t 1). Compare with --threads 1 too."
+        )
     if "poisson" in args.arrivals:
         out.append(f"Poisson arrivals at {args.request_rate} requests/s (seed {args.seed}).")
     hf = info.get("hf")
