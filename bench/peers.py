@@ -184,11 +184,13 @@ def notes(args, wl, info: dict) -> list[str]:
 
 
 def greedy_check(ours: dict, hf: dict) -> dict:
-    """bench/worker_forward.check_greedy on the requests HF one-by-one really ran."""
+    """bench/worker_forward.check_greedy on the requests HF one-by-one really ran (up to where
+    splitserve, EOS ignored, emitted EOS: HF, forced past it by min_new_tokens, masks it)."""
     from worker_forward import check_greedy
 
     idx = sorted(hf["outputs"])
-    return check_greedy([ours["outputs"][i] for i in idx], [hf["outputs"][i] for i in idx], None)
+    ours_out = [ours["outputs"][i] for i in idx]
+    return check_greedy(ours_out, [hf["outputs"][i] for i in idx], hf.get("eos"))
 
 
 def main(argv=None) -> int:
@@ -231,7 +233,7 @@ def main(argv=None) -> int:
         finally:
             gc.collect()
         info[system] = extra
-        extra = {k: v for k, v in extra.items() if k != "outputs"}
+        extra = {k: v for k, v in extra.items() if k not in ("outputs", "eos")}
         res["system_info"][system] = {
             **extra,
             "wall_s": time.perf_counter() - started,

@@ -194,12 +194,14 @@ def run_hf_one_by_one(args, wl: Workload, runs) -> tuple[dict, dict]:
             r.ttft, r.e2e = first - offsets[i], free_at - offsets[i]
             results.append(r)
         out[mode] = (results, free_at)
+    eos = model.model.generation_config.eos_token_id
     info = {
         "measured_requests": len(idx),
         "measured_time_s": res["time_s"],
         "measured_tok_s": res["tok_s"],
         "estimated": len(idx) < n,
         "outputs": {j: measured[j][3] for j in idx},
+        "eos": eos[0] if isinstance(eos, list) else eos,
     }
     return out, info
 
