@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Before torch loads OpenMP: idle OpenMP threads sleep instead of spinning. On a shared 2-core
+# machine a spinning thread whose partner was descheduled burns the other core (the SmolLM2
+# runner tests took 10x the CPU time under load with spinning threads).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session")
