@@ -32,7 +32,11 @@ sys.path.insert(0, str(ROOT))
 
 from common.logging import configure_logging  # noqa: E402
 from scheduler_svc.config import SchedulerServiceConfig  # noqa: E402
-from scheduler_svc.core import SamplingParams  # noqa: E402
+from scheduler_svc.core import (  # noqa: E402
+    SamplingParams,
+    restore_gc,
+    tune_gc_for_serving,
+)
 from scheduler_svc.main import SchedulerServer  # noqa: E402
 
 
@@ -75,16 +79,29 @@ async def run_point(n_workers: int, args, progress) -> dict:
     )  # fmt: skip
     server = SchedulerServer(cfg)
     await server.start()
+    # as `splitserve scheduler` does (scheduler_svc/main.py serve()): without it, full
+    # collections over every live request stall the step loop for 50-150 ms now and then
+    gc_before = None if args.default_gc else tune_gc_for_serving()
     procs = []
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for i in range(n_workers):
         if args.real:  # the real model (SmolLM2) instead of the simulation
-            worker_args = ["--num-gpu-blocks", str(args.running * 16), "--num-threads",
-                           str(max(1, (os.cpu_count() or 1) // n_workers))]
+            worker_args = [
+                "--num-gpu-blocks",
+                str(args.running * 16),
+                "--num-threads",
+                str(max(1, (os.cpu_count() or 1) // n_workers)),
+            ]
         else:
-            worker_args = ["--simulate", "--sim-step-base-ms", str(args.step_ms),
-                           "--sim-step-per-token-us", str(args.per_token_us),
-                           "--sim-num-blocks", str(args.running * 40)]
+            worker_args = [
+                "--simulate",
+                "--sim-step-base-ms",
+                str(args.step_ms),
+                "--sim-step-per-token-us",
+                str(args.per_token_us),
+                "--sim-num-blocks",
+                str(args.running * 40),
+            ]
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "common.cli", "worker", *worker_args,
              "--scheduler", f"127.0.0.1:{cfg.worker_port}", "--worker-id", f"w{i}",
@@ -138,6 +155,7 @@ async def run_point(n_workers: int, args, progress) -> dict:
             "detokenize": not args.skip_detokenize,
             "async_scheduling": not args.no_async,
             "real_model": args.real,
+            "tuned_gc": not args.default_gc,
         }
         progress(result)
         return result
@@ -150,6 +168,8 @@ async def run_point(n_workers: int, args, progress) -> dict:
             except subprocess.TimeoutExpired:
                 p.kill()
         await server.stop(0.5)
+        if gc_before is not None:
+            restore_gc(gc_before)
 
 
 def main() -> None:
@@ -168,8 +188,14 @@ def main() -> None:
         "--skip-detokenize", action="store_true", help="token-id clients: no text deltas"
     )
     parser.add_argument("--no-async", action="store_true", help="synchronous scheduling")
-    parser.add_argument("--real", action="store_true",
-                        help="real SmolLM2 workers instead of simulated ones")
+    parser.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="keep CPython's GC settings (the service tunes them at start)",
+    )
+    parser.add_argument(
+        "--real", action="store_true", help="real SmolLM2 workers instead of simulated ones"
+    )
     parser.add_argument("--max-tokens", type=int, default=6000)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()

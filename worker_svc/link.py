@@ -165,8 +165,15 @@ class WorkerLinkClient:
             stub = pb_grpc.WorkerLinkStub(channel)
             self._call = call = stub.Connect(requests())
             threading.Thread(target=heartbeats, daemon=True).start()
+            # a reader thread takes each message off the stream as soon as it arrives, so the
+            # next (pipelined) step is already decoded when this one is done: the main thread
+            # goes from one step to the next without a gRPC receive round in between
+            inbox: queue.Queue = queue.Queue()
+            threading.Thread(target=_read_stream, args=(call, inbox), daemon=True).start()
             try:
-                for msg in call:
+                while (msg := inbox.get()) is not None:
+                    if isinstance(msg, grpc.RpcError):
+                        raise msg
                     kind = msg.WhichOneof("msg")
                     if kind == "register_ack":
                         attached = self._attached = True
@@ -214,6 +221,18 @@ class WorkerLinkClient:
         reply.idle_time_s = idle
         self._last_reply_at = time.perf_counter()
         return reply
+
+
+def _read_stream(call, inbox: queue.Queue) -> None:
+    """Move the scheduler's messages into `inbox`; then None, after the RpcError if any."""
+    try:
+        for msg in call:
+            inbox.put(msg)
+    except grpc.RpcError as exc:
+        inbox.put(exc)
+    except Exception as exc:  # noqa: BLE001 - the main thread must hear the stream is over
+        log.warning("link_reader_failed", error=f"{type(exc).__name__}: {exc}")
+    inbox.put(None)
 
 
 def _logprobs(result):
