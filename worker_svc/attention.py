@@ -9,6 +9,8 @@ each layer, then only
   group, so that SDPA reads them while they are still in the CPU cache),
 - runs one SDPA per group of ~8 decode rows (a key-padding mask covers their different lengths)
   and one per prefill chunk (causal; offset-causal when the chunk follows cached tokens).
+On the CPU, when the native kernel (worker_svc.native_attention) is available, all decode rows
+go through it in one call instead: it reads K/V in place through the block table, no gather.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
+
+from worker_svc.native_attention import PagedDecodeKernel
 
 ATTN_IMPLEMENTATION = "splitserve_paged"
 METADATA_KWARG = "paged_metadata"
@@ -48,6 +52,12 @@ class AttentionMetadata:
     block_size: int
     slot_mapping: torch.Tensor  # [T] int64: cache slot of each packed token
     groups: list[AttentionGroup] = field(default_factory=list)
+    # native decode: the first num_native_decodes packed tokens, one per request
+    decode_kernel: PagedDecodeKernel | None = None
+    num_native_decodes: int = 0
+    decode_block_table: torch.Tensor | None = None  # [rows, max_blocks] int64
+    decode_seq_lens: torch.Tensor | None = None  # [rows] int64
+    decode_max_len: int = 0
 
 
 def paged_attention_forward(
@@ -76,6 +86,19 @@ def paged_attention_forward(
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v_new)
     q = query[0].transpose(0, 1)  # [T, heads, head_dim]
     outs = []
+    nd = meta.num_native_decodes
+    if nd:
+        q_dec = q[:nd].to(torch.float32).contiguous()
+        o = meta.decode_kernel(
+            q_dec,
+            k_cache,
+            v_cache,
+            meta.decode_block_table,
+            meta.decode_seq_lens,
+            meta.decode_max_len,
+            scaling if scaling is not None else head_dim**-0.5,
+        )
+        outs.append(o.to(query.dtype))
     for g in meta.groups:
         qg = q[g.q_start : g.q_end].unflatten(0, (g.rows, -1)).transpose(1, 2)  # [r, h, q, d]
         if g.n_blocks:
@@ -112,12 +135,27 @@ def build_metadata(
     slot_mapping: torch.Tensor,
     dtype: torch.dtype,
     device: torch.device,
+    decode_kernel: PagedDecodeKernel | None = None,
 ) -> AttentionMetadata:
     """The per-step tensors every layer's attention call shares (built once per step)."""
     groups: list[AttentionGroup] = []
     q_start = 0
     ctx_len = num_computed + num_scheduled
-    for start in range(0, num_decodes, decode_group_size):
+    native: dict = {}
+    if decode_kernel is not None and num_decodes:
+        lens = ctx_len[:num_decodes]
+        n_blocks = -(-int(lens.max()) // block_size)
+        native = dict(
+            decode_kernel=decode_kernel,
+            num_native_decodes=num_decodes,
+            decode_block_table=_ids(block_table[:num_decodes, :n_blocks], device).view(
+                num_decodes, n_blocks
+            ),
+            decode_seq_lens=torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int64)),
+            decode_max_len=int(lens.max()),
+        )
+        q_start = num_decodes
+    for start in range(0, 0 if native else num_decodes, decode_group_size):
         stop = min(start + decode_group_size, num_decodes)
         rows, lens = stop - start, ctx_len[start:stop]
         n_blocks = -(-int(lens.max()) // block_size)
@@ -149,6 +187,7 @@ def build_metadata(
         block_size=block_size,
         slot_mapping=slot_mapping,
         groups=groups,
+        **native,
     )
 
 

@@ -38,6 +38,12 @@ class ModelRunnerConfig:
     seed: int = _opt(0, "seed of the generator for requests without their own seed")
     num_threads: int | None = _opt(None, "torch CPU threads; default torch's choice")
     decode_group_size: int = _opt(8, "decode rows per attention call, by context length")
+    attention_backend: str = _opt(
+        "auto",
+        "decode attention: native (C kernel reading the paged cache in place, CPU), torch "
+        "(gather + SDPA), auto (native where it builds)",
+        choices=("auto", "native", "torch"),
+    )
     max_logprobs: int = _opt(20, "most top-n logprobs a request may ask for")
 
     def __post_init__(self) -> None:
@@ -50,5 +56,7 @@ class ModelRunnerConfig:
             raise ValueError(f"num_gpu_blocks must be positive, got {self.num_gpu_blocks}")
         if self.num_host_blocks < 0 or self.swap_space < 0:
             raise ValueError("num_host_blocks and swap_space must not be negative")
+        if self.attention_backend not in ("auto", "native", "torch"):
+            raise ValueError(f"unknown attention_backend {self.attention_backend!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"unknown dtype {self.dtype!r}")

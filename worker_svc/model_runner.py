@@ -20,11 +20,12 @@ import torch
 
 from common.model_source import resolve_model
 from scheduler_svc.core.outputs import SchedulerOutput
-from worker_svc import attention
+from worker_svc import attention, native_attention
 from worker_svc.config import GiB, ModelRunnerConfig
 from worker_svc.input_batch import InputBatch
 from worker_svc.kv_cache import KVCache, bytes_per_block
 from worker_svc.model_loader import load_model, resolve_device, resolve_dtype
+from worker_svc.native_attention import PagedDecodeKernel
 from worker_svc.sampler import Sampler, TokenLogprobs
 
 log = logging.getLogger("splitserve.worker.model_runner")
@@ -93,10 +94,12 @@ class ModelRunner:
             device=self.device,
             max_logprobs=config.max_logprobs,
         )
+        self.decode_kernel = self._resolve_decode_kernel()
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(generator)
         log.info(
-            "model %s loaded in %.1f s on %s/%s: %d KV blocks of %d, %d host blocks",
+            "model %s loaded in %.1f s on %s/%s: %d KV blocks of %d, %d host blocks, "
+            "%s decode attention",
             self.source.name,
             self.load_time_s,
             self.device,
@@ -104,6 +107,7 @@ class ModelRunner:
             num_blocks,
             config.block_size,
             num_host,
+            "native" if self.decode_kernel else "torch",
         )
 
     # --- what the scheduler needs to know ---
@@ -256,6 +260,7 @@ class ModelRunner:
             slot_mapping=slot_mapping,
             dtype=self.dtype,
             device=dev,
+            decode_kernel=self.decode_kernel,
         )
         return _StepInputs(
             req_ids=req_ids,
@@ -267,6 +272,21 @@ class ModelRunner:
             logits_index=torch.from_numpy(ends[sample_mask] - 1).to(dev, non_blocking=True),
             meta=meta,
         )
+
+    def _resolve_decode_kernel(self) -> PagedDecodeKernel | None:
+        backend = self.config.attention_backend
+        if backend == "torch" or self.device.type != "cpu":
+            if backend == "native":
+                raise ValueError("attention_backend=native needs the CPU device")
+            return None
+        kernel = native_attention.load()
+        if kernel is None or not kernel.supports(self.kv_cache.key_caches[0]):
+            if backend == "native":
+                raise ValueError(
+                    f"the native paged attention kernel is unavailable for {self.dtype} here"
+                )
+            return None
+        return kernel
 
     # --- sizing ---
 

@@ -1,0 +1,138 @@
+"""The CPU paged decode kernel (worker_svc/csrc/paged_attention.c): build once, load, call.
+
+Built with the system C compiler on first use into `cache_dir()/kernels/` (a file named after a
+hash of the source, the flags and the CPU's flags, so a change or another machine rebuilds), and
+loaded with ctypes: plain pointers in, no torch headers, about a second to build. OpenMP comes
+from the libgomp torch already loaded, so the kernel shares torch's threads. Where there is no
+compiler or the build fails, `load()` returns None and attention keeps the torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from common.model_source import cache_dir
+
+log = logging.getLogger("splitserve.worker.native_attention")
+
+SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
+CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared", "-std=c11"]
+_I64, _F32 = ctypes.c_int64, ctypes.c_float
+_P = ctypes.c_void_p
+# q, k_cache, v_cache, block_table, its row stride, seq_lens, out, rows, heads, kv_heads,
+# head_dim, block_size, scale, max_seq_len
+_ARGTYPES = [_P, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _I64]
+
+_loaded: PagedDecodeKernel | None = None
+_tried = False
+
+
+class PagedDecodeKernel:
+    """Decode attention over the paged cache for rows of one query token each."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
+        self.path = path
+        self._fns = {torch.float32: lib.paged_decode_f32, torch.bfloat16: lib.paged_decode_bf16}
+        for fn in self._fns.values():
+            fn.argtypes = _ARGTYPES
+            fn.restype = ctypes.c_int
+
+    def supports(self, cache: torch.Tensor) -> bool:
+        return cache.device.type == "cpu" and cache.dtype in self._fns and cache.is_contiguous()
+
+    def __call__(
+        self,
+        q: torch.Tensor,  # [rows, heads, head_dim], float32, contiguous
+        k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+        v_cache: torch.Tensor,
+        block_table: torch.Tensor,  # [rows, >= max blocks] int64, contiguous
+        seq_lens: torch.Tensor,  # [rows] int64
+        max_seq_len: int,
+        scale: float,
+    ) -> torch.Tensor:
+        rows, heads, head_dim = q.shape
+        _, block_size, kv_heads, _ = k_cache.shape
+        out = torch.empty_like(q)
+        rc = self._fns[k_cache.dtype](
+            q.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            block_table.data_ptr(),
+            block_table.stride(0),
+            seq_lens.data_ptr(),
+            out.data_ptr(),
+            rows,
+            heads,
+            kv_heads,
+            head_dim,
+            block_size,
+            scale,
+            max_seq_len,
+        )
+        if rc != 0:
+            raise MemoryError("paged decode attention could not allocate its scratch buffers")
+        return out
+
+
+def load() -> PagedDecodeKernel | None:
+    """The kernel, built if needed; None where it cannot be built here (logged once)."""
+    global _loaded, _tried
+    if _tried:
+        return _loaded
+    _tried = True
+    if os.environ.get("SPLITSERVE_NATIVE_ATTENTION", "1") == "0":
+        return None
+    try:
+        path = _build()
+        _loaded = PagedDecodeKernel(ctypes.CDLL(str(path)), path)
+    except (OSError, subprocess.CalledProcessError, RuntimeError) as exc:
+        log.warning("native paged attention unavailable (%s); using the torch path", exc)
+        _loaded = None
+    return _loaded
+
+
+def _build() -> Path:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        raise RuntimeError("no C compiler found")
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(
+        source + " ".join([compiler, *CFLAGS]).encode() + _cpu_signature().encode()
+    ).hexdigest()[:16]
+    out_dir = cache_dir() / "kernels"
+    path = out_dir / f"paged_attention-{key}.so"
+    if path.exists():
+        return path
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        tmp_path = Path(tmp) / path.name
+        subprocess.run(
+            [compiler, *CFLAGS, str(SOURCE), "-o", str(tmp_path), "-lm"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        os.replace(tmp_path, path)  # atomic: concurrent workers never load a partial file
+    log.info("built native paged attention: %s", path)
+    return path
+
+
+def _cpu_signature() -> str:
+    """-march=native code is only valid on CPUs with the same features."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
