@@ -44,6 +44,9 @@ class ModelRunnerConfig:
         "(gather + SDPA), auto (native where it builds)",
         choices=("auto", "native", "torch"),
     )
+    transpose_linears: bool = _opt(
+        True, "CPU: store linear weights transposed (x @ W_t runs faster than F.linear in MKL)"
+    )
     max_logprobs: int = _opt(20, "most top-n logprobs a request may ask for")
 
     def __post_init__(self) -> None:
