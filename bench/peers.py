@@ -17,7 +17,7 @@ Systems (--systems, in this order by default):
 Workloads: `synthetic` (default): --num-requests prompts of 20-1000 tokens (lognormal, seeded
 token ids from the SmolLM2 vocabulary), --max-tokens 128 output tokens, EOS ignored, arriving
 all at once (burst) and as a Poisson process (--request-rate); `w64`: the 64 chat prompts of
-/work/shared/workloads/w64.json, 64 output tokens, all at once.
+bench/workloads/w64.json (a copy of shared/workloads/w64.json), 64 output tokens, all at once.
 
 Every system gets the same token ids, greedy decoding, exactly max_tokens output tokens, no
 prefix/prompt caching, and --threads CPU threads. Reported per system and arrival mode: output

@@ -29,14 +29,16 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gemm_rate import linear_rate_in_decode, peak_gemm_rate  # noqa: E402
+
 from scheduler_svc.core import Request, SamplingParams, Scheduler, SchedulerConfig  # noqa: E402
 from scheduler_svc.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
 from worker_svc.config import ModelRunnerConfig  # noqa: E402
 from worker_svc.model_loader import model_dir  # noqa: E402
 from worker_svc.model_runner import ModelRunner  # noqa: E402
 
-SECTIONS = ("w64", "decode", "prefill", "hf", "hf_static", "generate_batch", "check")
-WORKLOAD = Path("/work/shared/workloads/w64.json")
+SECTIONS = ("w64", "decode", "gemm", "prefill", "hf", "hf_static", "generate_batch", "check")
+WORKLOAD = Path(__file__).resolve().parent / "workloads" / "w64.json"  # copy of shared/workloads
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20, ignore_eos=True)
 console = Console(stderr=True)
 
@@ -46,6 +48,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--model", default=None, help="model (default SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (the runner and HF)")
     p.add_argument("--workload", type=Path, default=WORKLOAD)
     p.add_argument("--quick", action="store_true", help="fewer prompts, batches and contexts")
     p.add_argument("--only", default="", help=f"comma list of {','.join(SECTIONS)}")
@@ -57,6 +60,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--prefill-chunks", default=None, help="default 128,512,2048")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--decode-steps", type=int, default=8)
+    p.add_argument("--gemm-batch", type=int, default=64, help="decode rows for the gemm section")
+    p.add_argument("--compile", action="store_true", help="the runner with --compile")
+    p.add_argument("--no-native-attention", action="store_true", help="torch attention path")
+    p.add_argument("--no-transpose-linears", action="store_true", help="nn.Linear as loaded")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args()
     only = {s for s in args.only.split(",") if s}
@@ -125,9 +132,22 @@ def run_w64(runner: ModelRunner, prompts: list[list[int]], max_tokens: int, budg
 
 def bench_decode(runner: ModelRunner, batch: int, ctx: int, steps: int) -> dict:
     """Decode steps of `batch` requests at context `ctx` (the context counts as prefix-cached)."""
+    step = decode_stepper(runner, batch, ctx)
+    times = []
+    for _ in range(steps + 1):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    step_s = statistics.median(times[1:])
+    return {"batch": batch, "context": ctx, "step_ms": step_s * 1e3, "tok_s": batch / step_s}
+
+
+def decode_stepper(runner: ModelRunner, batch: int, ctx: int, max_steps: int = 64):
+    """A callable running one more pure-decode step of `batch` requests each time (up to
+    `max_steps`), after placing them with `ctx` tokens of context."""
     runner.reset()
     bs = runner.block_size
-    per_req = -(-(ctx + steps + 2) // bs)
+    per_req = -(-(ctx + max_steps + 2) // bs)
     reqs = [
         NewRequestData(
             f"d{i}",
@@ -140,18 +160,29 @@ def bench_decode(runner: ModelRunner, batch: int, ctx: int, steps: int) -> dict:
     ]
     so = SchedulerOutput(new_requests=reqs, num_scheduled_tokens={r.request_id: 1 for r in reqs})
     runner.execute_model(so)
-    times = []
-    for step in range(steps + 1):
-        n = ctx + step
+    n = ctx
+
+    def step() -> None:
+        nonlocal n
+        if n >= ctx + max_steps:
+            raise RuntimeError(f"more than {max_steps} decode steps")
         so = SchedulerOutput(
             cached_requests=[CachedRequestData(r.request_id, [], n) for r in reqs],
             num_scheduled_tokens={r.request_id: 1 for r in reqs},
         )
-        t = time.perf_counter()
         runner.execute_model(so)
-        times.append(time.perf_counter() - t)
-    step_s = statistics.median(times[1:])
-    return {"batch": batch, "context": ctx, "step_ms": step_s * 1e3, "tok_s": batch / step_s}
+        n += 1
+
+    return step
+
+
+def bench_gemm(runner: ModelRunner, args) -> dict:
+    """The machine's GEMM rate and the rate of the runner's linear layers at batch 64 decode."""
+    step = decode_stepper(runner, args.gemm_batch, 128)
+    achieved = linear_rate_in_decode(step, runner.model, args.gemm_batch, steps=4)
+    peak = peak_gemm_rate(runner.dtype, runner.device)
+    return {**achieved, "peak_gflops": peak["gflops"], "peak_shapes": peak["shapes"],
+            "share_of_peak": achieved["gflops"] / peak["gflops"]}  # fmt: skip
 
 
 def bench_prefill(runner: ModelRunner, chunk: int, repeats: int = 3) -> dict:
@@ -177,7 +208,7 @@ def bench_prefill(runner: ModelRunner, chunk: int, repeats: int = 3) -> dict:
 def hf_one_by_one(model, prompts: list[list[int]], max_tokens: int) -> dict:
     outputs, start = [], time.perf_counter()
     for p in tqdm(prompts, desc="HF one-by-one", leave=False):
-        ids = torch.tensor([p])
+        ids = torch.tensor([p], device=model.device)
         out = model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
@@ -198,6 +229,7 @@ def hf_static(model, prompts: list[list[int]], max_tokens: int, pad_id: int, siz
         width = max(len(p) for p in group)
         ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in group])  # left padding
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+        ids, mask = ids.to(model.device), mask.to(model.device)
         out = model.generate(
             ids,
             attention_mask=mask,
@@ -257,7 +289,7 @@ def check_bf16_logprobs(runner: ModelRunner, hf, prompts, max_tokens: int) -> di
         so = SchedulerOutput(finished_req_ids={f"c{i}"})
         runner.execute_model(so)
         with torch.no_grad():
-            logits = hf(torch.tensor([p + got])).logits[0].float()
+            logits = hf(torch.tensor([p + got], device=hf.device)).logits[0].float().cpu()
         ref = torch.log_softmax(logits, -1)[len(p) - 1 : -1].gather(1, torch.tensor(got)[:, None])
         diffs += (torch.tensor(lps) - ref.squeeze(1)).abs().tolist()
     return {"mean_abs_logprob_diff": statistics.mean(diffs), "max_abs_logprob_diff": max(diffs)}
@@ -278,7 +310,7 @@ def main() -> int:
         need = max(
             need,
             *(
-                b * -(-(c + args.decode_steps + 2) // bs)
+                b * -(-(c + 64 + 2) // bs)
                 for b in args.decode_batches
                 for c in args.decode_contexts
             ),
@@ -287,24 +319,35 @@ def main() -> int:
     cfg = ModelRunnerConfig(
         model=args.model,
         dtype=args.dtype,
+        device=args.device,
         block_size=bs,
         num_gpu_blocks=need,
         max_num_batched_tokens=max(args.max_num_batched_tokens, *args.prefill_chunks),
         num_threads=args.threads,
+        attention_backend="torch" if args.no_native_attention else "auto",
+        transpose_linears=not args.no_transpose_linears,
+        compile=args.compile,
     )
     runner = ModelRunner(cfg)
     console.print(
-        f"[bold]{runner.model_name}[/] {runner.dtype} on {runner.device}, {args.threads} threads "
+        f"[bold]{runner.model_name}[/] {runner.dtype} on {runner.device}, {args.threads} threads, "
+        f"{'native' if runner.decode_kernel else 'torch'} decode attention, "
+        f"{'transposed' if args.no_transpose_linears is False else 'stock'} linears, "
+        f"compile {'on' if args.compile else 'off'} "
         f"(OMP_WAIT_POLICY={omp_policy()}), {runner.num_blocks} KV blocks; "
         f"load {runner.load_time_s:.1f} s; load average {os.getloadavg()[0]:.1f}"
     )
     results: dict = {
         "model": runner.model_name,
+        "device": str(runner.device),
         "dtype": args.dtype,
         "threads": args.threads,
         "prompts": len(prompts),
         "max_tokens": max_tokens,
         "omp_wait_policy": omp_policy(),
+        "native_attention": runner.decode_kernel is not None,
+        "transpose_linears": not args.no_transpose_linears,
+        "compile": args.compile,
         "load_average_start": os.getloadavg()[0],
     }
     hf = None
@@ -312,7 +355,8 @@ def main() -> int:
         from transformers import AutoModelForCausalLM
 
         dtype = torch.float32 if args.dtype == "float32" else torch.bfloat16
-        hf = AutoModelForCausalLM.from_pretrained(model_dir(runner.source), dtype=dtype).eval()
+        hf = AutoModelForCausalLM.from_pretrained(model_dir(runner.source), dtype=dtype)
+        hf = hf.to(runner.device).eval()
     with torch.inference_mode():
         if "w64" in args.sections:
             results["w64"] = run_w64(runner, prompts, max_tokens, args.max_num_batched_tokens)
@@ -322,6 +366,8 @@ def main() -> int:
                 bench_decode(runner, b, c, args.decode_steps)
                 for b, c in tqdm(grid, desc="decode", leave=False)
             ]
+        if "gemm" in args.sections and runner.device.type == "cpu":  # CPU profiler timings
+            results["gemm"] = bench_gemm(runner, args)
         if "prefill" in args.sections:
             results["prefill"] = [bench_prefill(runner, c) for c in args.prefill_chunks]
         if "hf" in args.sections:
@@ -375,6 +421,16 @@ def report(r: dict) -> None:
         detail = f"{x['step_ms']:.1f} ms/step"
         table.add_row(
             f"decode batch {x['batch']} @ ctx {x['context']}", f"{x['tok_s']:.1f}", detail, ""
+        )
+    if "gemm" in r:
+        x = r["gemm"]
+        table.add_row(
+            f"linear layers, decode batch {x['rows']}",
+            "",
+            f"{x['gflops']:.0f} GFLOP/s = {100 * x['share_of_peak']:.0f}% of the "
+            f"{x['peak_gflops']:.0f} GFLOP/s GEMM peak measured in this run "
+            f"({x['gemm_ms_per_step']:.0f} of {x['step_ms']:.0f} ms/step)",
+            "",
         )
     for x in r.get("prefill", []):
         table.add_row(

@@ -47,6 +47,11 @@ class ModelRunnerConfig:
     transpose_linears: bool = _opt(
         True, "CPU: store linear weights transposed (x @ W_t runs faster than F.linear in MKL)"
     )
+    compile: bool = _opt(
+        False,
+        "torch.compile the decoder layers (inductor fuses norms, rotary, activations); the "
+        "paged attention call stays eager; the first steps of each new shape compile",
+    )
     max_logprobs: int = _opt(20, "most top-n logprobs a request may ask for")
 
     def __post_init__(self) -> None:

@@ -21,6 +21,7 @@ import torch
 from common.model_source import resolve_model
 from scheduler_svc.core.outputs import SchedulerOutput
 from worker_svc import attention, native_attention
+from worker_svc.compile import compile_model
 from worker_svc.config import GiB, ModelRunnerConfig
 from worker_svc.fast_linear import transpose_linears
 from worker_svc.input_batch import InputBatch
@@ -66,6 +67,8 @@ class ModelRunner:
         self.model = load_model(self.source, self.dtype, self.device, attention.register())
         if self.device.type == "cpu" and config.transpose_linears:
             transpose_linears(self.model)
+        if config.compile:
+            compile_model(self.model)
         self.load_time_s = time.perf_counter() - started
         mc = self.model.config.get_text_config()
         self._vocab_size = int(mc.vocab_size)

@@ -7,7 +7,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-W64_PATH = Path("/work/shared/workloads/w64.json")
+W64_PATH = (
+    Path(__file__).resolve().parents[1] / "workloads" / "w64.json"
+)  # copy of shared/workloads
 
 
 @dataclass(slots=True)

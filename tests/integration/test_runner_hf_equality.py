@@ -345,3 +345,30 @@ def test_other_architectures(arch, tmp_path):
     for i, p in enumerate(prompts):
         d.add(f"p{i}", p, 8)
     assert d.run() == refs
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param({"compile": True}, id="compiled", marks=pytest.mark.slow),
+        pytest.param({"attention_backend": "torch", "transpose_linears": False}, id="stock"),
+    ],
+)
+def test_runner_options_keep_hf_equality(options, tiny_llama_dir):
+    """--compile (inductor MLP / norms) and the plain path (torch attention, nn.Linear as
+    loaded) give the same greedy tokens as HF, chunked prefill beside decodes included."""
+    from transformers import AutoModelForCausalLM
+
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 512) for _ in range(k)] for k in (4, 13, 29)]
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        refs = {f"p{i}": hf_greedy(hf, p, 10) for i, p in enumerate(prompts)}
+    cfg = ModelRunnerConfig(model=str(tiny_llama_dir), block_size=4, num_gpu_blocks=64, **options)
+    runner = ModelRunner(cfg)
+    if options.get("attention_backend") == "torch":
+        assert runner.decode_kernel is None
+    d = Driver(runner, chunk=6)
+    for i, p in enumerate(prompts):
+        d.add(f"p{i}", p, 10)
+    check(SimpleNamespace(refs=refs), d.run())
