@@ -63,7 +63,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--gemm-batch", type=int, default=64, help="decode rows for the gemm section")
     p.add_argument("--compile", action="store_true", help="the runner with --compile")
     p.add_argument("--no-native-attention", action="store_true", help="torch attention path")
-    p.add_argument("--no-transpose-linears", action="store_true", help="nn.Linear as loaded")
+    p.add_argument("--no-optimize-linears", action="store_true", help="nn.Linear as loaded")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args()
     only = {s for s in args.only.split(",") if s}
@@ -325,14 +325,14 @@ def main() -> int:
         max_num_batched_tokens=max(args.max_num_batched_tokens, *args.prefill_chunks),
         num_threads=args.threads,
         attention_backend="torch" if args.no_native_attention else "auto",
-        transpose_linears=not args.no_transpose_linears,
+        optimize_linears=not args.no_optimize_linears,
         compile=args.compile,
     )
     runner = ModelRunner(cfg)
     console.print(
         f"[bold]{runner.model_name}[/] {runner.dtype} on {runner.device}, {args.threads} threads, "
         f"{'native' if runner.decode_kernel else 'torch'} decode attention, "
-        f"{'transposed' if args.no_transpose_linears is False else 'stock'} linears, "
+        f"{runner.linear_kind} linears, "
         f"compile {'on' if args.compile else 'off'} "
         f"(OMP_WAIT_POLICY={omp_policy()}), {runner.num_blocks} KV blocks; "
         f"load {runner.load_time_s:.1f} s; load average {os.getloadavg()[0]:.1f}"
@@ -346,7 +346,7 @@ def main() -> int:
         "max_tokens": max_tokens,
         "omp_wait_policy": omp_policy(),
         "native_attention": runner.decode_kernel is not None,
-        "transpose_linears": not args.no_transpose_linears,
+        "linears": runner.linear_kind,
         "compile": args.compile,
         "load_average_start": os.getloadavg()[0],
     }

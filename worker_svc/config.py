@@ -44,8 +44,10 @@ class ModelRunnerConfig:
         "(gather + SDPA), auto (native where it builds)",
         choices=("auto", "native", "torch"),
     )
-    transpose_linears: bool = _opt(
-        True, "CPU: store linear weights transposed (x @ W_t runs faster than F.linear in MKL)"
+    optimize_linears: bool = _opt(
+        True,
+        "CPU: float32 linears multiply by transposed weights (faster in MKL); bfloat16 ones "
+        "keep a copy packed for oneDNN at decode sizes",
     )
     compile: bool = _opt(
         False,

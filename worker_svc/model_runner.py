@@ -23,7 +23,7 @@ from scheduler_svc.core.outputs import SchedulerOutput
 from worker_svc import attention, native_attention
 from worker_svc.compile import compile_model
 from worker_svc.config import GiB, ModelRunnerConfig
-from worker_svc.fast_linear import transpose_linears
+from worker_svc.fast_linear import optimize_linears
 from worker_svc.input_batch import InputBatch
 from worker_svc.kv_cache import KVCache, bytes_per_block
 from worker_svc.model_loader import load_model, resolve_device, resolve_dtype
@@ -65,8 +65,9 @@ class ModelRunner:
         self.source = resolve_model(config.model)
         started = time.perf_counter()
         self.model = load_model(self.source, self.dtype, self.device, attention.register())
-        if self.device.type == "cpu" and config.transpose_linears:
-            transpose_linears(self.model)
+        self.linear_kind = "stock"
+        if self.device.type == "cpu" and config.optimize_linears:
+            self.linear_kind = optimize_linears(self.model)
         if config.compile:
             compile_model(self.model)
         self.load_time_s = time.perf_counter() - started

@@ -351,7 +351,7 @@ def test_other_architectures(arch, tmp_path):
     "options",
     [
         pytest.param({"compile": True}, id="compiled", marks=pytest.mark.slow),
-        pytest.param({"attention_backend": "torch", "transpose_linears": False}, id="stock"),
+        pytest.param({"attention_backend": "torch", "optimize_linears": False}, id="stock"),
     ],
 )
 def test_runner_options_keep_hf_equality(options, tiny_llama_dir):
