@@ -80,10 +80,14 @@ def paged_attention_forward(
     v_cache = meta.value_caches[module.layer_idx]
     _, kv_heads, _, head_dim = key.shape
     bs = meta.block_size
-    k_new = key[0].transpose(0, 1)  # [T, kv_heads, head_dim]
-    v_new = value[0].transpose(0, 1)
-    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k_new)
-    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v_new)
+    kernel = meta.decode_kernel
+    if kernel is not None and key.stride(-1) == 1 and value.stride(-1) == 1:
+        kernel.write_kv(key[0], value[0], k_cache, v_cache, meta.slot_mapping)
+    else:
+        k_new = key[0].transpose(0, 1)  # [T, kv_heads, head_dim]
+        v_new = value[0].transpose(0, 1)
+        k_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k_new)
+        v_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v_new)
     q = query[0].transpose(0, 1)  # [T, heads, head_dim]
     outs = []
     nd = meta.num_native_decodes
@@ -141,7 +145,7 @@ def build_metadata(
     groups: list[AttentionGroup] = []
     q_start = 0
     ctx_len = num_computed + num_scheduled
-    native: dict = {}
+    native: dict = {"decode_kernel": decode_kernel}
     if decode_kernel is not None and num_decodes:
         lens = ctx_len[:num_decodes]
         n_blocks = -(-int(lens.max()) // block_size)
@@ -155,7 +159,8 @@ def build_metadata(
             decode_max_len=int(lens.max()),
         )
         q_start = num_decodes
-    for start in range(0, 0 if native else num_decodes, decode_group_size):
+    native_decodes = native.get("num_native_decodes", 0)
+    for start in range(native_decodes, num_decodes, decode_group_size):
         stop = min(start + decode_group_size, num_decodes)
         rows, lens = stop - start, ctx_len[start:stop]
         n_blocks = -(-int(lens.max()) // block_size)

@@ -46,6 +46,35 @@ class PagedDecodeKernel:
         for fn in self._fns.values():
             fn.argtypes = _ARGTYPES
             fn.restype = ctypes.c_int
+        self._write_kv = lib.write_kv
+        self._write_kv.argtypes = [_P, _P, _P, _P, _P] + [_I64] * 8
+        self._write_kv.restype = ctypes.c_int
+
+    def write_kv(
+        self,
+        key: torch.Tensor,  # [kv_heads, T, head_dim], head_dim contiguous, the cache's dtype
+        value: torch.Tensor,
+        k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,  # [T] int64, validated by the runner
+    ) -> None:
+        """index_copy_ of each new token's K/V into its slot, without the per-call overhead."""
+        kv_heads, tokens, head_dim = key.shape
+        self._write_kv(
+            key.data_ptr(),
+            value.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            slot_mapping.data_ptr(),
+            tokens,
+            kv_heads,
+            head_dim,
+            key.element_size(),
+            key.stride(0),
+            key.stride(1),
+            value.stride(0),
+            value.stride(1),
+        )
 
     def supports(self, cache: torch.Tensor) -> bool:
         return cache.device.type == "cpu" and cache.dtype in self._fns and cache.is_contiguous()

@@ -120,3 +120,22 @@ def test_native_decode_kernel_matches_sdpa(dtype, heads, kv_heads, head_dim):
             q[r][:, None], k, v, scale=scale, enable_gqa=True
         )[:, 0]
         torch.testing.assert_close(out[r], want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(NATIVE is None, reason="no C compiler")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_native_write_kv_matches_index_copy(dtype, transposed):
+    gen = torch.Generator().manual_seed(2)
+    blocks, bs, kvh, d, tokens = 40, 4, 3, 16, 300  # > 256 token-heads: the threaded loop
+    slots = torch.randperm(blocks * bs, generator=gen)[:tokens]
+    if transposed:  # [1, T, kvh, d] viewed as [1, kvh, T, d], as HF's projections produce
+        key = torch.randn(1, tokens, kvh, d, generator=gen).to(dtype).transpose(1, 2)
+    else:
+        key = torch.randn(1, kvh, tokens, d, generator=gen).to(dtype)
+    value = torch.randn(1, tokens, kvh, d, generator=gen).to(dtype).transpose(1, 2)
+    caches = [torch.zeros(blocks, bs, kvh, d, dtype=dtype) for _ in range(4)]
+    NATIVE.write_kv(key[0], value[0], caches[0], caches[1], slots)
+    caches[2].view(-1, kvh, d).index_copy_(0, slots, key[0].transpose(0, 1))
+    caches[3].view(-1, kvh, d).index_copy_(0, slots, value[0].transpose(0, 1))
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
