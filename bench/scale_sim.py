@@ -57,6 +57,9 @@ class NoDetokenizer:
     def take_delta(self, final):
         return ""
 
+    def push(self, ids, final):
+        return ""
+
 
 def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)

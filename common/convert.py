@@ -148,11 +148,12 @@ def decode_step_result(
     sampled: dict[str, list[int]] = {}
     logprobs: dict[str, list[TokenLogprobs]] = {}
     by_handle = handles.by_handle
-    for item in result.sampled:
+    for item in result.sampled:  # per running request per step: kept lean
         req_id = by_handle.get(item.handle)
         if req_id is None:
             raise ValueError(f"worker answered for unknown request handle {item.handle}")
-        sampled[req_id] = list(item.token_ids)
+        tokens = item.token_ids
+        sampled[req_id] = list(tokens) if len(tokens) != 1 else [tokens[0]]
         if item.logprobs:
             n = len(item.top_token_ids) // max(len(item.token_ids), 1)
             logprobs[req_id] = [
@@ -191,19 +192,23 @@ def decode_step(step: worker_link_pb2.Step) -> SchedulerOutput:
         )
         if new.num_scheduled_tokens:
             sched[req_id] = new.num_scheduled_tokens
-    for cached in step.cached_requests:
+    append_cached = out.cached_requests.append
+    for cached in step.cached_requests:  # per running request per step: kept lean
         req_id = str(cached.handle)
-        out.cached_requests.append(
+        blocks = cached.new_block_ids
+        resumed = cached.resumed
+        append_cached(
             CachedRequestData(
-                request_id=req_id,
-                new_block_ids=list(cached.new_block_ids),
-                num_computed_tokens=cached.num_computed_tokens,
-                resumed=cached.resumed,
-                new_token_ids=list(cached.new_token_ids),
+                req_id,
+                list(blocks) if blocks else [],
+                cached.num_computed_tokens,
+                resumed,
+                list(cached.new_token_ids) if resumed else [],  # only a resumed one has them
             )
         )
-        if cached.num_scheduled_tokens:
-            sched[req_id] = cached.num_scheduled_tokens
+        n = cached.num_scheduled_tokens
+        if n:
+            sched[req_id] = n
     out.total_num_scheduled_tokens = sum(sched.values())
     out.preempted_req_ids = {str(h) for h in step.preempted}
     out.finished_req_ids = {str(h) for h in step.finished}
@@ -227,9 +232,13 @@ def encode_step_result(
         step_time_s=step_time_s,
     )
     add = result.sampled.add
+    if not logprobs:
+        for req_id, tokens in sampled.items():
+            add(handle=int(req_id), token_ids=tokens)
+        return result
     for req_id, tokens in sampled.items():
         item = add(handle=int(req_id), token_ids=tokens)
-        for lp in (logprobs or {}).get(req_id, ()):
+        for lp in logprobs.get(req_id, ()):
             item.logprobs.append(lp.logprob)
             item.top_token_ids.extend(t for t, _ in lp.top)
             item.top_logprobs.extend(v for _, v in lp.top)

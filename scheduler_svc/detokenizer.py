@@ -30,8 +30,12 @@ class IncrementalDetokenizer:
     skip_special_tokens: bool = True
     stop_strings: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
-    text: str = ""  # all decoded text so far
-    emitted: int = 0  # characters of text already handed out
+    # decoded text not handed out yet, after the last `emitted` characters that were (at most
+    # the longest stop string less one: what a stop string beginning before the new text needs);
+    # older text is dropped so a long output never costs a copy of itself per token
+    text: str = ""
+    emitted: int = 0  # characters at the start of `text` already handed out
+    keep: int = 0  # handed-out characters kept (longest stop string - 1)
     prefix_offset: int = 0
     read_offset: int = 0
     stop_hit: str | None = None
@@ -50,15 +54,32 @@ class IncrementalDetokenizer:
         stream = None
         if backend is not None and DecodeStream is not None:
             stream = DecodeStream(ids=tail, skip_special_tokens=skip_special_tokens)
+        stops = [s for s in stop_strings if s]
         return cls(
             decoder=decoder,
             skip_special_tokens=skip_special_tokens,
-            stop_strings=[s for s in stop_strings if s],
+            stop_strings=stops,
             token_ids=[] if stream is not None else tail,
             prefix_offset=0,
             read_offset=0 if stream is not None else len(tail),
             stream=stream,
+            keep=max((len(s) for s in stops), default=1) - 1,
         )
+
+    def push(self, new_token_ids: list[int], final: bool) -> str:
+        """add_tokens, then take_delta (final as well once a stop string is hit): the new
+        text safe to show. One Rust call for the usual case (no stop strings)."""
+        stream = self.stream
+        if stream is not None and not self.stop_strings and not self.text:
+            if not new_token_ids:
+                return ""
+            piece = stream.step(
+                self.decoder.backend,
+                new_token_ids[0] if len(new_token_ids) == 1 else list(new_token_ids),
+            )
+            return piece or ""
+        self.add_tokens(new_token_ids)
+        return self.take_delta(final or self.stop_hit is not None)
 
     def add_tokens(self, new_token_ids: list[int]) -> None:
         """Decode new tokens into self.text; checks stop strings."""
@@ -66,7 +87,10 @@ class IncrementalDetokenizer:
             return
         if self.stream is not None:
             if new_token_ids:
-                piece = self.stream.step(self.decoder.backend, list(new_token_ids))
+                piece = self.stream.step(
+                    self.decoder.backend,
+                    new_token_ids[0] if len(new_token_ids) == 1 else list(new_token_ids),
+                )
                 if piece:
                     before = len(self.text)
                     self.text += piece
@@ -105,10 +129,18 @@ class IncrementalDetokenizer:
 
     def take_delta(self, final: bool) -> str:
         """New text safe to show: while not final, a tail that could begin a stop string stays."""
-        limit = len(self.text)
+        text = self.text
+        limit = len(text)
         if not final and self.stop_strings and self.stop_hit is None:
             limit = max(self.emitted, limit - self._held_back())
-        delta = self.text[self.emitted : limit]
+        emitted = self.emitted
+        if emitted == limit:
+            return ""
+        delta = text[emitted:limit] if emitted or limit < len(text) else text
+        cut = limit - self.keep
+        if cut > 0:  # what was handed out is not needed any more (but a stop string's start)
+            self.text = text[cut:]
+            limit -= cut
         self.emitted = limit
         return delta
 

@@ -421,9 +421,7 @@ class ServingEngine:
             outputs = sched.update_from_output(out, reply.sampled)
             self.observer.on_step(session, out, reply, time.perf_counter() - started)
             self.slo.on_step(sched, out, time.perf_counter() - started)
-            now = time.monotonic()
-            for output in outputs:
-                self._deliver(session, output, reply.logprobs.get(output.request_id), now)
+            self._deliver_step(session, outputs, reply.logprobs)
             if self.waiting:
                 self._dispatch()
 
@@ -438,24 +436,42 @@ class ServingEngine:
         except TimeoutError:
             pass
 
-    def _deliver(
+    def _deliver_step(
         self,
         session: WorkerSession,
-        output: RequestOutput,
-        logprobs: list[TokenLogprobs] | None,
-        now: float,
+        outputs: list[RequestOutput],
+        logprobs: dict[str, list[TokenLogprobs]],
     ) -> None:
-        state = self.requests.get(output.request_id)
-        if state is None or state.worker_id != session.worker_id:
-            return
-        stopped_by_string = state.push_tokens(
-            output.new_token_ids, output.finish_reason, output.stop_reason, logprobs, now
-        )
-        if output.new_token_ids:
-            self.observer.on_tokens(state, len(output.new_token_ids), now)
-        if stopped_by_string:
-            session.scheduler.abort_request(output.request_id)
-        if state.finished:
+        """Stream one step's outputs to their requests (the hot path: once per request per
+        step), then tell the observer about all the step's tokens at once."""
+        now = time.monotonic()
+        requests = self.requests
+        worker_id = session.worker_id
+        get_logprobs = logprobs.get if logprobs else None
+        delivered: list[tuple[RequestState, int]] = []
+        ended: list[RequestState] = []
+        for output in outputs:
+            request_id = output.request_id
+            state = requests.get(request_id)
+            if state is None or state.worker_id != worker_id:
+                continue
+            new_ids = output.new_token_ids
+            stopped_by_string = state.push_tokens(
+                new_ids,
+                output.finish_reason,
+                output.stop_reason,
+                get_logprobs(request_id) if get_logprobs is not None else None,
+                now,
+            )
+            if new_ids:
+                delivered.append((state, len(new_ids)))
+            if stopped_by_string:
+                session.scheduler.abort_request(request_id)
+            if state.finish_reason is not None:
+                ended.append(state)
+        if delivered:
+            self.observer.on_tokens_batch(delivered, now)
+        for state in ended:  # after the tokens are counted, as one request at a time was
             self._leave_session(state)
             if session.draining:
                 session.num_drained_finished += 1

@@ -9,6 +9,7 @@ Everything lives in the observer's own CollectorRegistry (nothing global).
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -45,7 +46,8 @@ class ObserverGroup(EngineObserver):
         self.observers = observers
         for name in dir(EngineObserver):
             if name.startswith("on_"):
-                setattr(self, name, _fan_out([getattr(o, name) for o in observers]))
+                hooks = [getattr(o, name) for o in observers if not _inert(o, name)]
+                setattr(self, name, _fan_out(hooks))
 
     def __getattr__(self, name: str):  # a hook EngineObserver does not define (yet)
         if not name.startswith("on_"):
@@ -55,7 +57,26 @@ class ObserverGroup(EngineObserver):
         return hook
 
 
+def _inert(observer: object, name: str) -> bool:
+    """Whether the observer's hook is EngineObserver's own, which does nothing (on_tokens_batch
+    there only forwards to on_tokens): such hooks are left out of the fan-out."""
+    cls = type(observer)
+    if cls.__getattribute__ is not object.__getattribute__ or name in getattr(
+        observer, "__dict__", {}
+    ):
+        return False  # the hook may come from anywhere
+    if getattr(cls, name, None) is not getattr(EngineObserver, name, None):
+        return False  # overridden (or not an EngineObserver at all)
+    return name != "on_tokens_batch" or _inert(observer, "on_tokens")
+
+
+def _noop(*args, **kwargs) -> None:
+    return None
+
+
 def _fan_out(hooks: list):
+    if not hooks:
+        return _noop
     if len(hooks) == 1:
         return hooks[0]
 
@@ -271,6 +292,28 @@ class MetricsObserver(EngineObserver):
                 if arrival is not None:
                     self.queue_time.observe(max(0.0, scheduled_at - arrival))
 
+    def on_tokens_batch(self, deliveries: list[tuple[RequestState, int]], now: float) -> None:
+        """The same counts as on_tokens for each delivery, with one counter update per step
+        and one histogram update per distinct inter-token latency (a worker's requests mostly
+        share their previous delivery time: the previous step)."""
+        last = self._last_delivery
+        total = 0
+        gaps: dict[float, int] = {}  # previous delivery time -> deliveries since it
+        for state, num_new in deliveries:
+            total += num_new
+            request_id = state.request_id
+            previous = last.get(request_id)
+            last[request_id] = now
+            if previous is not None:
+                gaps[previous] = gaps.get(previous, 0) + 1
+            elif len(state.output_token_ids) == num_new:  # the very first tokens
+                self.ttft.observe(now - state.arrival_time)
+                self.prompt_tokens.inc(len(state.prompt_token_ids))
+        if total:
+            self.generation_tokens.inc(total)
+        for previous, count in gaps.items():
+            observe_many(self.itl, now - previous, count)
+
     def on_tokens(self, state: RequestState, num_new: int, now: float) -> None:
         self.generation_tokens.inc(num_new)
         request_id = state.request_id
@@ -309,3 +352,18 @@ class MetricsObserver(EngineObserver):
                 family.remove(session.worker_id)
             except KeyError:
                 pass
+
+
+def observe_many(histogram: Histogram, value: float, count: int) -> None:
+    """`histogram.observe(value)` `count` times, in one update of its sum and bucket."""
+    if count == 1:
+        histogram.observe(value)
+        return
+    try:  # prometheus_client's Histogram keeps per-bucket (not cumulative) counts
+        bounds, buckets, total = histogram._upper_bounds, histogram._buckets, histogram._sum
+    except AttributeError:  # pragma: no cover - another prometheus_client layout
+        for _ in range(count):
+            histogram.observe(value)
+        return
+    total.inc(value * count)
+    buckets[bisect_left(bounds, value)].inc(count)

@@ -23,6 +23,14 @@ class EngineObserver:
     def on_tokens(self, state: RequestState, num_new: int, now: float) -> None:
         """num_new output tokens reached the request's stream at time.monotonic() `now`."""
 
+    def on_tokens_batch(self, deliveries: list[tuple[RequestState, int]], now: float) -> None:
+        """One step's deliveries (request, number of new tokens), all at `now`. The engine
+        calls this once per step rather than on_tokens per request; the default forwards each
+        to on_tokens, an observer on the hot path overrides it."""
+        on_tokens = self.on_tokens
+        for state, num_new in deliveries:
+            on_tokens(state, num_new, now)
+
     def on_request_finished(self, state: RequestState) -> None:
         """The request ended (state.finish_reason says how; state.finish_time when)."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from common.convert import TokenLogprobs
@@ -24,6 +25,66 @@ class StreamDelta:
     worker_id: str = ""
 
 
+class DeltaStream:
+    """A request's deltas for its consumer, in order, with asyncio.Queue's get / get_nowait /
+    put_nowait / empty / qsize, made for the step loop's hot path: a put is an append, plus one
+    future's result when a consumer is waiting (no task accounting, no events)."""
+
+    __slots__ = ("_items", "_waiters", "_loop")
+
+    def __init__(self) -> None:
+        self._items: deque[StreamDelta] = deque()
+        self._waiters: deque[asyncio.Future] = deque()
+        # the consumer's loop, looked up once (asyncio.get_running_loop() costs a getpid()
+        # system call, once per wake-up of every request otherwise)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def put_nowait(self, delta: StreamDelta) -> None:
+        self._items.append(delta)
+        if self._waiters:
+            self._wake_next()
+
+    def _wake_next(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def get_nowait(self) -> StreamDelta:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        return self._items.popleft()
+
+    async def get(self) -> StreamDelta:
+        items = self._items
+        while not items:
+            loop = self._loop
+            if loop is None or loop.is_closed():
+                loop = self._loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                waiter.cancel()
+                try:
+                    self._waiters.remove(waiter)
+                except ValueError:
+                    pass
+                if items and not waiter.cancelled():  # woken, then cancelled: pass it on
+                    self._wake_next()
+                raise
+        return items.popleft()
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def empty(self) -> bool:
+        return not self._items
+
+
 @dataclass(slots=True, eq=False)
 class RequestState:
     request_id: str
@@ -36,7 +97,7 @@ class RequestState:
     eos_token_id: int | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    queue: DeltaStream = field(default_factory=DeltaStream)
     worker_id: str | None = None
     num_migrations: int = 0
     first_token_time: float | None = None
@@ -74,35 +135,36 @@ class RequestState:
         now: float | None = None,
     ) -> bool:
         """Append tokens and stream them. Returns True when a stop string ended the request."""
-        if self.finished:
+        if self.finish_reason is not None:
             return False
+        detok = self.detokenizer
         if token_ids:
             now = time.monotonic() if now is None else now
             if self.first_token_time is None:
                 self.first_token_time = now
             self.last_token_time = now
-        self.output_token_ids.extend(token_ids)
-        detok = self.detokenizer
-        detok.add_tokens(token_ids)
+            self.output_token_ids.extend(token_ids)
+        text = detok.push(token_ids, finish_reason is not None)
         stopped_by_string = detok.stop_hit is not None
         if stopped_by_string:
             finish_reason, stop_reason = FinishReason.STOP, detok.stop_hit
-        final = finish_reason is not None
-        text = detok.take_delta(final)
-        if final:
+        if finish_reason is not None:
             self.finish_reason = finish_reason
-        if token_ids or text or final:
-            self.queue.put_nowait(
-                StreamDelta(
-                    token_ids=token_ids,
-                    text=text,
-                    finish_reason=finish_reason,
-                    stop_reason="" if stop_reason is None else str(stop_reason),
-                    logprobs=logprobs,
-                    num_output_tokens=len(self.output_token_ids),
-                    worker_id=self.worker_id or "",
-                )
+        elif not token_ids and not text:
+            return False
+        self.queue.put_nowait(
+            StreamDelta(
+                token_ids,
+                text,
+                finish_reason,
+                "" if stop_reason is None else str(stop_reason),
+                logprobs,
+                "",
+                "",
+                len(self.output_token_ids),
+                self.worker_id or "",
             )
+        )
         return stopped_by_string
 
     def fail(self, message: str, code: str = "") -> None:

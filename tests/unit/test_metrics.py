@@ -96,3 +96,51 @@ def test_observer_group_forwards_every_hook_even_new_ones():
         calls
         == [("on_request_rejected", ("invalid",))] * 2 + [("on_something_added_later", (1,))] * 2
     )
+
+
+def test_tokens_batch_counts_exactly_as_one_call_per_request():
+    """The engine reports a step's deliveries at once; every value moves as with on_tokens."""
+    one, batch = MetricsObserver(), MetricsObserver()
+    states = {o: [state(f"r{i}", prompt=3 + i, arrival=99.0 + i / 10) for i in range(5)]
+              for o in (one, batch)}  # fmt: skip
+    steps = [  # (time, [(request index, tokens)]): requests join late, one migrates (gap)
+        (100.0, [(0, 1), (1, 1)]),
+        (100.03, [(0, 1), (1, 1), (2, 3)]),
+        (100.06, [(0, 1), (1, 2), (2, 1), (3, 1)]),
+        (100.5, [(0, 1), (2, 1), (3, 1), (4, 1)]),
+        (100.53, [(1, 1), (4, 2)]),
+    ]
+    for now, items in steps:
+        deliveries = []
+        for i, n in items:
+            deliver(one, states[one][i], n, now)
+            st = states[batch][i]
+            st.output_token_ids.extend([7] * n)
+            deliveries.append((st, n))
+        batch.on_tokens_batch(deliveries, now)
+    a, b = values(one), values(batch)
+    assert a.keys() == b.keys()
+    for key, value in a.items():
+        if "_created" in key:
+            continue
+        assert b[key] == pytest.approx(value, abs=1e-9), key
+    assert b["splitserve:generation_tokens_total"] == 19
+    assert b["splitserve:inter_token_latency_seconds_count"] == 10
+
+
+def test_observer_group_skips_hooks_nobody_implements():
+    seen = []
+
+    class TokensOnly(EngineObserver):
+        def on_tokens(self, state, num_new, now):
+            seen.append((state, num_new, now))
+
+    class Nothing(EngineObserver):
+        pass
+
+    group = ObserverGroup(TokensOnly(), Nothing())
+    group.on_tokens_batch([("a", 1), ("b", 2)], 5.0)  # the default forwards to on_tokens
+    assert seen == [("a", 1, 5.0), ("b", 2, 5.0)]
+    assert group.on_step.__name__ == "_noop"  # nobody implements it: nothing is called
+    quiet = ObserverGroup(Nothing(), Nothing())
+    assert quiet.on_tokens_batch.__name__ == "_noop"
