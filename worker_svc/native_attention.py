@@ -60,6 +60,8 @@ class PagedDecodeKernel:
     ) -> None:
         """index_copy_ of each new token's K/V into its slot, without the per-call overhead."""
         kv_heads, tokens, head_dim = key.shape
+        if slot_mapping.numel() != tokens or value.shape != key.shape:
+            raise ValueError(f"write_kv: {tokens} tokens, {slot_mapping.numel()} slots")
         self._write_kv(
             key.data_ptr(),
             value.data_ptr(),

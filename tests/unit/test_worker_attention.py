@@ -127,7 +127,7 @@ def test_native_decode_kernel_matches_sdpa(dtype, heads, kv_heads, head_dim):
 @pytest.mark.parametrize("transposed", [False, True])
 def test_native_write_kv_matches_index_copy(dtype, transposed):
     gen = torch.Generator().manual_seed(2)
-    blocks, bs, kvh, d, tokens = 40, 4, 3, 16, 300  # > 256 token-heads: the threaded loop
+    blocks, bs, kvh, d, tokens = 100, 4, 3, 16, 300  # > 256 token-heads: the threaded loop
     slots = torch.randperm(blocks * bs, generator=gen)[:tokens]
     if transposed:  # [1, T, kvh, d] viewed as [1, kvh, T, d], as HF's projections produce
         key = torch.randn(1, tokens, kvh, d, generator=gen).to(dtype).transpose(1, 2)
