@@ -78,6 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "transformers' max_batch_tokens")  # fmt: skip
     p.add_argument("--max-num-seqs", type=int, default=128, help="splitserve's running cap")
     p.add_argument("--kv-cache-gib", type=float, default=2.0, help="splitserve's KV cache")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="splitserve's weights and KV cache (HF baselines: float32)")  # fmt: skip
     p.add_argument("--llama-server", default=None, help="binary (default: the build script's)")
     p.add_argument("--llama-slots", type=int, default=64, help="llama-server -np")
     p.add_argument("--llama-args", default="", help="more llama-server flags, one string")
@@ -152,8 +154,9 @@ def run_system(system: str, args, wl, runs, log_dir: Path) -> tuple[dict, dict]:
 def notes(args, wl, info: dict) -> list[str]:
     out = [
         "llama.cpp runs the 4-bit Q4_1 GGUF weights (quantized matmuls, f16 KV cache); splitserve "
-        "and the transformers/HF baselines run the same weights dequantized to float32 (float32 "
-        "KV cache). Same model, not the same arithmetic: this is not a like-for-like kernel race.",
+        f"runs the same weights dequantized to {args.dtype} ({args.dtype} KV cache), the "
+        "transformers/HF baselines float32. Same model, not the same arithmetic: this is not a "
+        "like-for-like kernel race.",
         f"{args.threads} CPU threads per system on a {os.cpu_count()}-core machine "
         f"(load average at start {info['loadavg']}; per system in the JSON); on a shared machine "
         "the numbers are noisy and depend on what else runs (and on the order of the systems).",

@@ -40,7 +40,7 @@ def make_runner(args):
     return ModelRunner(
         ModelRunnerConfig(
             model=None,
-            dtype="float32",
+            dtype=args.dtype,
             num_threads=args.threads,
             kv_cache_memory=int(args.kv_cache_gib * GiB),
             max_num_seqs=max(256, args.max_num_seqs),

@@ -147,7 +147,7 @@ def run_splitserve_grpc(args, wl: Workload, runs, log_dir: Path) -> dict:
         worker = Process(
             "splitserve-worker",
             cli + ["worker", "--scheduler", f"127.0.0.1:{wport}", "--worker-id", "peers-w0",
-                   "--num-threads", str(args.threads), "--dtype", "float32",
+                   "--num-threads", str(args.threads), "--dtype", args.dtype,
                    "--kv-cache-memory", str(int(args.kv_cache_gib * (1 << 30))),
                    "--log-level", "WARNING"],
             log_dir,
