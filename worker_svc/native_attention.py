@@ -133,17 +133,20 @@ def load() -> PagedDecodeKernel | None:
 
 
 def _build() -> Path:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
-        raise RuntimeError("no C compiler found")
+    """The kernel's shared library in the cache, compiled first if it is not there. The name
+    hashes the source, the flags and the CPU's features (not the compiler's path), so a worker
+    without a compiler still loads one built for this CPU into a shared cache directory."""
     source = SOURCE.read_bytes()
     key = hashlib.sha256(
-        source + " ".join([compiler, *CFLAGS]).encode() + _cpu_signature().encode()
+        source + " ".join(CFLAGS).encode() + _cpu_signature().encode()
     ).hexdigest()[:16]
     out_dir = cache_dir() / "kernels"
     path = out_dir / f"paged_attention-{key}.so"
     if path.exists():
         return path
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        raise RuntimeError(f"no C compiler found and no prebuilt {path}")
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         tmp_path = Path(tmp) / path.name

@@ -139,3 +139,20 @@ def test_native_write_kv_matches_index_copy(dtype, transposed):
     caches[2].view(-1, kvh, d).index_copy_(0, slots, key[0].transpose(0, 1))
     caches[3].view(-1, kvh, d).index_copy_(0, slots, value[0].transpose(0, 1))
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+def test_native_kernel_build_cache_and_fallback(tmp_path, monkeypatch):
+    """Built once into the cache; found there again by a worker without a compiler; without
+    either, load() answers None (attention keeps the torch path) instead of failing."""
+    monkeypatch.setenv("SPLITSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(native_attention, "_tried", False)
+    monkeypatch.setattr(native_attention, "_loaded", None)
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    assert native_attention.load() is None  # no library in the cache, no compiler
+    if NATIVE is None:
+        return
+    monkeypatch.delenv("CC")
+    built = native_attention._build()
+    assert built.parent == tmp_path / "kernels" and built.exists()
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    assert native_attention._build() == built  # reused, no compiler needed
