@@ -63,6 +63,21 @@ static inline void prefetch_token(const Args *a, const void *cache, const int64_
     for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
 }
 
+static void softmax_rows(float *scores, int64_t group, int64_t stride, int64_t len) {
+    for (int64_t g = 0; g < group; g++) {
+        float *sg = scores + g * stride;
+        float m = -INFINITY;
+        for (int64_t j = 0; j < len; j++) m = sg[j] > m ? sg[j] : m;
+        float sum = 0.f;
+        for (int64_t j = 0; j < len; j++) {
+            sg[j] = expf(sg[j] - m);
+            sum += sg[j];
+        }
+        const float inv = 1.f / sum;
+        for (int64_t j = 0; j < len; j++) sg[j] *= inv;
+    }
+}
+
 #if defined(__AVX512F__)
 static inline __m512 load16(const Args *a, const void *cache, int64_t off) {
     if (a->bf16) {
@@ -72,9 +87,11 @@ static inline __m512 load16(const Args *a, const void *cache, int64_t off) {
     return _mm512_loadu_ps((const float *)cache + off);
 }
 
-static void scores_avx512(const Args *a, const int64_t *blocks, int64_t len, int64_t kh,
-                          const float *qh, int64_t group, float *scores) {
-    const int64_t nv = a->head_dim / 16;
+/* nv (head_dim / 16) is a parameter of always-inlined bodies so that the dispatch below can
+ * pass a constant (4: head_dim 64, 8: 128): loops unroll and accumulators stay in registers. */
+static inline __attribute__((always_inline)) void scores_avx512(
+    const Args *a, const int64_t *blocks, int64_t len, int64_t kh, const float *qh, int64_t group,
+    float *scores, const int64_t nv) {
     for (int64_t j = 0; j < PREFETCH_AHEAD; j++) {
         prefetch_token(a, a->k_cache, blocks, j, len, kh);
         prefetch_token(a, a->v_cache, blocks, j, len, kh);
@@ -97,9 +114,9 @@ static void scores_avx512(const Args *a, const int64_t *blocks, int64_t len, int
     }
 }
 
-static void weighted_v_avx512(const Args *a, const int64_t *blocks, int64_t len, int64_t kh,
-                              int64_t group, const float *scores, float *o) {
-    const int64_t nv = a->head_dim / 16;
+static inline __attribute__((always_inline)) void weighted_v_avx512(
+    const Args *a, const int64_t *blocks, int64_t len, int64_t kh, int64_t group,
+    const float *scores, float *o, const int64_t nv) {
     for (int64_t g = 0; g < group; g++) {
         __m512 acc[MAX_VECS];
         for (int64_t c = 0; c < nv; c++) acc[c] = _mm512_setzero_ps();
@@ -111,6 +128,24 @@ static void weighted_v_avx512(const Args *a, const int64_t *blocks, int64_t len,
                 acc[c] = _mm512_fmadd_ps(p, load16(a, a->v_cache, off + 16 * c), acc[c]);
         }
         for (int64_t c = 0; c < nv; c++) _mm512_storeu_ps(o + g * a->head_dim + 16 * c, acc[c]);
+    }
+}
+
+static void attend_avx512(const Args *a, const int64_t *blocks, int64_t len, int64_t kh,
+                          const float *qh, int64_t group, float *scores, float *o) {
+    const int64_t nv = a->head_dim / 16;
+    if (nv == 4) {
+        scores_avx512(a, blocks, len, kh, qh, group, scores, 4);
+        softmax_rows(scores, group, a->max_seq_len, len);
+        weighted_v_avx512(a, blocks, len, kh, group, scores, o, 4);
+    } else if (nv == 8) {
+        scores_avx512(a, blocks, len, kh, qh, group, scores, 8);
+        softmax_rows(scores, group, a->max_seq_len, len);
+        weighted_v_avx512(a, blocks, len, kh, group, scores, o, 8);
+    } else {
+        scores_avx512(a, blocks, len, kh, qh, group, scores, nv);
+        softmax_rows(scores, group, a->max_seq_len, len);
+        weighted_v_avx512(a, blocks, len, kh, group, scores, o, nv);
     }
 }
 #endif
@@ -141,21 +176,6 @@ static void weighted_v_plain(const Args *a, const int64_t *blocks, int64_t len, 
     }
 }
 
-static void softmax_rows(float *scores, int64_t group, int64_t stride, int64_t len) {
-    for (int64_t g = 0; g < group; g++) {
-        float *sg = scores + g * stride;
-        float m = -INFINITY;
-        for (int64_t j = 0; j < len; j++) m = sg[j] > m ? sg[j] : m;
-        float sum = 0.f;
-        for (int64_t j = 0; j < len; j++) {
-            sg[j] = expf(sg[j] - m);
-            sum += sg[j];
-        }
-        const float inv = 1.f / sum;
-        for (int64_t j = 0; j < len; j++) sg[j] *= inv;
-    }
-}
-
 static int paged_decode(const Args *a, int64_t rows) {
     const int64_t group = a->heads / a->kv_heads;
     int vectorised = 0;
@@ -180,9 +200,7 @@ static int paged_decode(const Args *a, int64_t rows) {
                 float *o = a->out + (r * a->heads + kh * group) * a->head_dim;
 #if defined(__AVX512F__)
                 if (vectorised) {
-                    scores_avx512(a, blocks, len, kh, qh, group, scores);
-                    softmax_rows(scores, group, a->max_seq_len, len);
-                    weighted_v_avx512(a, blocks, len, kh, group, scores, o);
+                    attend_avx512(a, blocks, len, kh, qh, group, scores, o);
                     continue;
                 }
 #endif
