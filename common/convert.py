@@ -143,17 +143,28 @@ class TokenLogprobs:
 
 
 def decode_step_result(
-    result: worker_link_pb2.StepResult, handles: HandleTable
+    result: worker_link_pb2.StepResult, handles: HandleTable, vocab_size: int | None = None
 ) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprobs]]]:
+    """Sampled tokens (and logprobs) by request id. With `vocab_size`, checks that each
+    request got at most one token, below it (ValueError otherwise)."""
     sampled: dict[str, list[int]] = {}
     logprobs: dict[str, list[TokenLogprobs]] = {}
     by_handle = handles.by_handle
+    vocab = vocab_size
     for item in result.sampled:  # per running request per step: kept lean
         req_id = by_handle.get(item.handle)
         if req_id is None:
             raise ValueError(f"worker answered for unknown request handle {item.handle}")
         tokens = item.token_ids
-        sampled[req_id] = list(tokens) if len(tokens) != 1 else [tokens[0]]
+        if len(tokens) == 1:
+            tok = tokens[0]
+            if vocab is not None and not 0 <= tok < vocab:
+                raise ValueError(_bad_tokens(req_id, [tok], vocab))
+            sampled[req_id] = [tok]
+        else:
+            if vocab is not None and tokens:
+                raise ValueError(_bad_tokens(req_id, list(tokens), vocab))
+            sampled[req_id] = list(tokens)
         if item.logprobs:
             n = len(item.top_token_ids) // max(len(item.token_ids), 1)
             logprobs[req_id] = [
@@ -171,6 +182,13 @@ def decode_step_result(
                 for i, tok in enumerate(item.token_ids)
             ]
     return sampled, logprobs
+
+
+def _bad_tokens(req_id: str, tokens: list[int], vocab: int) -> str:
+    return (
+        f"worker answered {tokens[:4]} for request {req_id}: at most one token below the "
+        f"vocabulary size {vocab} was expected"
+    )
 
 
 def decode_step(step: worker_link_pb2.Step) -> SchedulerOutput:

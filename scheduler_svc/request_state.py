@@ -41,8 +41,13 @@ class DeltaStream:
 
     def put_nowait(self, delta: StreamDelta) -> None:
         self._items.append(delta)
-        if self._waiters:
-            self._wake_next()
+        waiters = self._waiters
+        if waiters:
+            waiter = waiters.popleft()
+            if waiter.done():  # cancelled: wake the next one, if any
+                self._wake_next()
+            else:
+                waiter.set_result(None)
 
     def _wake_next(self) -> None:
         waiters = self._waiters

@@ -54,7 +54,7 @@ class WorkerLinkClient:
         self.stopping = threading.Event()
         self.draining = False
         self._call = None
-        self._outbox: queue.Queue | None = None
+        self._outbox: queue.SimpleQueue | None = None
         self._attached = False
         self.num_steps = 0
         self._last_reply_at: float | None = None  # perf_counter when the last result was sent
@@ -131,7 +131,9 @@ class WorkerLinkClient:
 
     def _run_session(self) -> bool:
         """One connection. Returns whether it got as far as being registered."""
-        outbox: queue.Queue = queue.Queue()
+        # SimpleQueue: its put is reentrant, so drain() may put from the SIGTERM handler even
+        # when the signal lands while this thread is inside a put (queue.Queue deadlocks then)
+        outbox: queue.SimpleQueue = queue.SimpleQueue()
         outbox.put(pb.WorkerMessage(register=self.registration()))
         self._attached = False
         self._outbox = outbox
@@ -168,7 +170,7 @@ class WorkerLinkClient:
             # a reader thread takes each message off the stream as soon as it arrives, so the
             # next (pipelined) step is already decoded when this one is done: the main thread
             # goes from one step to the next without a gRPC receive round in between
-            inbox: queue.Queue = queue.Queue()
+            inbox: queue.SimpleQueue = queue.SimpleQueue()
             threading.Thread(target=_read_stream, args=(call, inbox), daemon=True).start()
             try:
                 while (msg := inbox.get()) is not None:
@@ -223,7 +225,7 @@ class WorkerLinkClient:
         return reply
 
 
-def _read_stream(call, inbox: queue.Queue) -> None:
+def _read_stream(call, inbox: queue.SimpleQueue) -> None:
     """Move the scheduler's messages into `inbox`; then None, after the RpcError if any."""
     try:
         for msg in call:

@@ -114,3 +114,16 @@ def test_unknown_handle_in_result_is_an_error():
 
     with pytest.raises(ValueError, match="unknown request handle"):
         decode_step_result(encode_step_result(1, {"77": [1]}), HandleTable())
+
+
+def test_result_tokens_checked_against_the_vocabulary():
+    import pytest
+
+    handles = HandleTable()
+    ha, hb = str(handles.assign("a")), str(handles.assign("b"))
+    ok = encode_step_result(1, {ha: [99], hb: []})
+    assert decode_step_result(ok, handles, 100)[0] == {"a": [99], "b": []}
+    for sampled in ({ha: [100]}, {ha: [2**31]}, {hb: [1, 2]}):
+        with pytest.raises(ValueError, match="at most one token below the vocabulary size 100"):
+            decode_step_result(encode_step_result(1, sampled), handles, 100)
+    assert decode_step_result(encode_step_result(1, {hb: [1, 2]}), handles)[0] == {"b": [1, 2]}
