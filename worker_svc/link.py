@@ -15,6 +15,7 @@ from common.logging import get_logger
 from common.pb import worker_link_pb2 as pb
 from common.pb import worker_link_pb2_grpc as pb_grpc
 from common.tls import open_channel
+from scheduler_svc.core.gc_tuning import tune_gc_for_serving
 
 log = get_logger("splitserve.worker")
 
@@ -35,6 +36,10 @@ class WorkerLinkConfig:
         True, "with host blocks: time a prefill and a block copy at start, report them"
     )
     max_message_bytes: int = _opt(64 * 1024 * 1024, "largest gRPC message accepted")
+    tune_gc: bool = _opt(
+        True, "freeze what exists at start (the model) out of GC and collect young objects less "
+        "often: full collections otherwise walk it all, several times a second",
+    )  # fmt: skip
     tls: bool = _opt(False, "dial the scheduler over TLS")
     tls_ca_file: str = _opt("", "CA that signed the scheduler's certificate (implies --tls)")
     tls_cert_file: str = _opt("", "this worker's certificate, for mutual TLS")
@@ -116,6 +121,8 @@ class WorkerLinkClient:
         timer.start()
 
     def run_forever(self) -> None:
+        if self.cfg.tune_gc:  # as the scheduler does (scheduler_svc/main.py)
+            tune_gc_for_serving()
         backoff = 0.25
         while not self.stopping.is_set():
             attached = self._run_session()
