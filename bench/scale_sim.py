@@ -66,6 +66,19 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def children_cpu_seconds(procs) -> float | None:
+    """CPU time of the running worker processes (Linux /proc; None elsewhere): pinned to the
+    scheduler's core (taskset), the workers take their share of it."""
+    total = 0.0
+    try:
+        for p in procs:
+            fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    except (OSError, IndexError, ValueError):
+        return None
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 async def drain(state) -> None:
     while True:
         delta = await state.queue.get()
@@ -134,9 +147,9 @@ async def run_point(n_workers: int, args, progress) -> dict:
         await asyncio.sleep(args.warmup)
         sessions = list(engine.sessions.values())
         before = [(s.num_steps, s.total_worker_idle_s, s.total_worker_step_s) for s in sessions]
-        cpu0, t0 = cpu_seconds(), time.perf_counter()
+        cpu0, wcpu0, t0 = cpu_seconds(), children_cpu_seconds(procs), time.perf_counter()
         await asyncio.sleep(args.duration)
-        cpu1, t1 = cpu_seconds(), time.perf_counter()
+        cpu1, wcpu1, t1 = cpu_seconds(), children_cpu_seconds(procs), time.perf_counter()
         after = [(s.num_steps, s.total_worker_idle_s, s.total_worker_step_s) for s in sessions]
         steps = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
         idle = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
@@ -152,6 +165,9 @@ async def run_point(n_workers: int, args, progress) -> dict:
             "steps_per_s_per_worker": steps / wall / n_workers,
             "tokens_per_s": steps / wall * args.running,
             "scheduler_cpu_pct": 100 * (cpu1 - cpu0) / wall,
+            "workers_cpu_pct": (
+                None if wcpu0 is None or wcpu1 is None else 100 * (wcpu1 - wcpu0) / wall
+            ),
             "added_ms_per_step": 1e3 * idle / max(steps, 1),
             "worker_step_ms": 1e3 * busy / max(steps, 1),
             "added_share_pct": 100 * idle / max(idle + busy, 1e-9),
@@ -219,6 +235,7 @@ def main() -> None:
         "steps/s/worker",
         "tokens/s",
         "sched CPU %",
+        "workers CPU %",
         "added ms/step",
         "worker ms/step",
         "added share %",
@@ -228,6 +245,7 @@ def main() -> None:
         table.add_row(str(r["workers"]), str(r["workers"] * r["running_per_worker"]),
                       f"{r['steps_per_s']:.1f}", f"{r['steps_per_s_per_worker']:.1f}",
                       f"{r['tokens_per_s']:.0f}", f"{r['scheduler_cpu_pct']:.0f}",
+                      "-" if r["workers_cpu_pct"] is None else f"{r['workers_cpu_pct']:.0f}",
                       f"{r['added_ms_per_step']:.2f}", f"{r['worker_step_ms']:.2f}",
                       f"{r['added_share_pct']:.1f}")  # fmt: skip
     console.print(table)
