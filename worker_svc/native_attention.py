@@ -26,7 +26,20 @@ from common.model_source import cache_dir
 log = logging.getLogger("splitserve.worker.native_attention")
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
-CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared", "-std=c11"]
+# No -ffast-math: it links crtfastmath.o, which turns on flush-to-zero for the whole process
+# that loads the library. The reassociation the plain loops need comes alone.
+CFLAGS = [
+    "-O3",
+    "-march=native",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fassociative-math",
+    "-fno-signed-zeros",
+    "-fopenmp",
+    "-fPIC",
+    "-shared",
+    "-std=c11",
+]
 _I64, _F32 = ctypes.c_int64, ctypes.c_float
 _P = ctypes.c_void_p
 # q, k_cache, v_cache, block_table, its row stride, seq_lens, out, rows, heads, kv_heads,

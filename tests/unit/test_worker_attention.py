@@ -156,3 +156,13 @@ def test_native_kernel_build_cache_and_fallback(tmp_path, monkeypatch):
     assert built.parent == tmp_path / "kernels" and built.exists()
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     assert native_attention._build() == built  # reused, no compiler needed
+
+
+@pytest.mark.skipif(NATIVE is None, reason="no C compiler")
+def test_loading_the_kernel_keeps_subnormal_floats():
+    """A library built with -ffast-math would switch the whole process to flush-to-zero on
+    load (crtfastmath.o): model numerics and unrelated code would change under the worker."""
+    tiny = float("5e-324")  # the smallest subnormal double
+    assert native_attention.load() is not None
+    assert tiny * 1.0 == tiny
+    assert torch.tensor([1e-40], dtype=torch.float32).mul(1.0).item() > 0
