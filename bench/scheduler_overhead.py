@@ -139,14 +139,27 @@ def profile(num_running: int, num_waiting: int, steps: int) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(15)
 
 
-COLUMNS = ("running", "waiting", "gc", "µs/step", "µs/step median", "µs/request",
-           "full GCs/100 steps")
+COLUMNS = (
+    "running",
+    "waiting",
+    "gc",
+    "µs/step",
+    "µs/step median",
+    "µs/request",
+    "full GCs/100 steps",
+)
 
 
 def _cells(r: dict) -> list[str]:
-    return [str(r["running"]), f"{r['waiting']:,}", r["gc"], f"{r['us_per_step']:.1f}",
-            f"{r['us_per_step_median']:.1f}", f"{r['us_per_request']:.2f}",
-            f"{r['full_gc_per_100_steps']:.1f}"]
+    return [
+        str(r["running"]),
+        f"{r['waiting']:,}",
+        r["gc"],
+        f"{r['us_per_step']:.1f}",
+        f"{r['us_per_step_median']:.1f}",
+        f"{r['us_per_request']:.2f}",
+        f"{r['full_gc_per_100_steps']:.1f}",
+    ]
 
 
 def print_table(rows: list[dict]) -> None:
@@ -172,8 +185,13 @@ def main() -> None:
     ap.add_argument("--waiting", type=int, nargs="+", default=[10_000])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--gc", nargs="+", default=["default", "tuned"],
-                    choices=["default", "tuned", "off"], help="garbage-collector settings")
+    ap.add_argument(
+        "--gc",
+        nargs="+",
+        default=["default", "tuned"],
+        choices=["default", "tuned", "off"],
+        help="garbage-collector settings",
+    )
     ap.add_argument("--json", type=Path, help="write the rows as JSON to this path")
     ap.add_argument("--profile", action="store_true", help="cProfile the first configuration")
     args = ap.parse_args()
@@ -190,12 +208,15 @@ def main() -> None:
     for mode in args.gc:
         for w in args.waiting:
             per_req = [r["us_per_request"] for r in rows if r["gc"] == mode and r["waiting"] == w]
-            print(f"gc {mode}, {w:,} waiting: µs/request from {min(args.running)} to "
-                  f"{max(args.running)} running grows x{per_req[-1] / per_req[0]:.2f}")
+            print(
+                f"gc {mode}, {w:,} waiting: µs/request from {min(args.running)} to "
+                f"{max(args.running)} running grows x{per_req[-1] / per_req[0]:.2f}"
+            )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"benchmark": "scheduler_overhead", "rows": rows},
-                                        indent=2))
+        args.json.write_text(
+            json.dumps({"benchmark": "scheduler_overhead", "rows": rows}, indent=2)
+        )
         print(f"wrote {args.json}")
 
 
