@@ -15,7 +15,8 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm")
+GEMM_OPS = ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise")  # CPU GEMM kernels
+LINEAR_REPLACEMENTS = ("TransposedLinear", "PackedLinear")  # worker_svc.fast_linear
 PEAK_SHAPES = ((2048, 576, 1536), (2048, 1536, 576), (1024, 2048, 2048))
 
 
@@ -44,7 +45,7 @@ def linear_flops_per_step(model: nn.Module, rows: int) -> int:
     total = 0
     for module in model.modules():
         fan = getattr(module, "in_features", None), getattr(module, "out_features", None)
-        if isinstance(module, nn.Linear) or type(module).__name__ == "TransposedLinear":
+        if isinstance(module, nn.Linear) or type(module).__name__ in LINEAR_REPLACEMENTS:
             total += 2 * rows * fan[0] * fan[1]
     return total
 
