@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PROTOS := $(wildcard proto/*.proto)
 
-.PHONY: install run test test-fast lint proto bench clean soak
+.PHONY: install run test test-fast lint proto bench gpu-check clean soak
 
 install: $(STAMP)
 
@@ -47,6 +47,10 @@ proto: install
 bench: install
 	$(PY) bench/scheduler_overhead.py
 	$(PY) bench/worker_forward.py --quick
+
+# on a machine with an NVIDIA GPU: HF equality (float32), bfloat16 logprobs, throughput
+gpu-check: install
+	$(PY) bench/gpu_check.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
