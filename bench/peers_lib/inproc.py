@@ -132,6 +132,7 @@ class TimedModel:
 
     def __init__(self, model) -> None:
         self.model = model
+        self.device = model.device
         self.calls: list[tuple[float, list[float]]] = []
 
     def generate(self, *a, **kw):
