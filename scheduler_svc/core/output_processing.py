@@ -46,8 +46,7 @@ class OutputProcessorMixin:
         else:  # not a step of ours (e.g. rebuilt from the wire): look running requests up
             get = self._running_by_id.get
             triples = (
-                (get(rid), n, bool(sampled.get(rid)))
-                for rid, n in out.num_scheduled_tokens.items()
+                (get(rid), n, bool(sampled.get(rid))) for rid, n in out.num_scheduled_tokens.items()
             )
         outputs: list[RequestOutput] = []
         append_output = outputs.append

@@ -57,12 +57,19 @@ class Failed(Exception):
     pass
 
 
-def run(cmd: list[str], *, env=None, timeout: float = 600, check: bool = True,
-        capture: bool = True) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str], *, env=None, timeout: float = 600, check: bool = True, capture: bool = True
+) -> subprocess.CompletedProcess:
     try:
-        proc = subprocess.run(cmd, env=env, timeout=timeout, text=True, cwd=ROOT,
-                              stdout=subprocess.PIPE if capture else None,
-                              stderr=subprocess.STDOUT if capture else None)
+        proc = subprocess.run(
+            cmd,
+            env=env,
+            timeout=timeout,
+            text=True,
+            cwd=ROOT,
+            stdout=subprocess.PIPE if capture else None,
+            stderr=subprocess.STDOUT if capture else None,
+        )
     except subprocess.TimeoutExpired as exc:
         raise Failed(f"timed out after {timeout:g} s: {' '.join(cmd)}") from exc
     if check and proc.returncode != 0:
@@ -73,13 +80,18 @@ def run(cmd: list[str], *, env=None, timeout: float = 600, check: bool = True,
 
 # ---- finding an engine ---------------------------------------------------------------------
 
+
 def engine_problem() -> str | None:
     """None when a Docker engine answers; else why not (fast: a few seconds at most)."""
     if shutil.which("docker") is None:
         return "no `docker` command on PATH"
     try:
-        proc = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"],
-                              capture_output=True, text=True, timeout=15)
+        proc = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+        )
     except subprocess.TimeoutExpired:
         return "`docker info` did not answer within 15 s"
     if proc.returncode != 0 or not proc.stdout.strip():
@@ -92,8 +104,12 @@ def engine_problem() -> str | None:
 def compose_command() -> list[str] | None:
     """`docker compose` (v2) when present, else `docker-compose` (1.29+)."""
     try:
-        if subprocess.run(["docker", "compose", "version"], capture_output=True,
-                          timeout=15).returncode == 0:
+        if (
+            subprocess.run(
+                ["docker", "compose", "version"], capture_output=True, timeout=15
+            ).returncode
+            == 0
+        ):
             return ["docker", "compose"]
     except subprocess.TimeoutExpired:
         pass
@@ -123,8 +139,10 @@ def choose_base_image(requested: str | None) -> str:
         say(f"{DEFAULT_BASE} cannot be pulled; building {LOCAL_BASE} with debootstrap")
         run([str(ROOT / "docker" / "build-base-image.sh"), LOCAL_BASE], timeout=1200)
         return LOCAL_BASE
-    raise Failed(f"no base image: {DEFAULT_BASE} cannot be pulled and {LOCAL_BASE} does not "
-                 "exist (make base-image builds it; or set BASE_IMAGE)")
+    raise Failed(
+        f"no base image: {DEFAULT_BASE} cannot be pulled and {LOCAL_BASE} does not "
+        "exist (make base-image builds it; or set BASE_IMAGE)"
+    )
 
 
 def free_port() -> int:
@@ -135,6 +153,7 @@ def free_port() -> int:
 
 # ---- the system under test ---------------------------------------------------------------------
 
+
 class System:
     def __init__(self, compose: list[str], project: str, env: dict[str, str]) -> None:
         self.compose = compose
@@ -143,8 +162,13 @@ class System:
 
     def cmd(self, *args: str, timeout: float = 600, check: bool = True, capture: bool = True):
         files = [a for f in COMPOSE_FILES for a in ("-f", str(f))]
-        return run([*self.compose, "-p", self.project, *files, *args], env=self.env,
-                   timeout=timeout, check=check, capture=capture)
+        return run(
+            [*self.compose, "-p", self.project, *files, *args],
+            env=self.env,
+            timeout=timeout,
+            check=check,
+            capture=capture,
+        )
 
     def containers(self, service: str) -> list[str]:
         out = self.cmd("ps", "-q", service, timeout=60).stdout
@@ -165,8 +189,9 @@ class System:
             ids = self.containers(service)
             if ids:
                 fmt = "{{.State.Status}} {{.State.Health.Status}}"
-                status = run(["docker", "inspect", "-f", fmt, ids[0]],
-                             timeout=30, check=False).stdout.strip()
+                status = run(
+                    ["docker", "inspect", "-f", fmt, ids[0]], timeout=30, check=False
+                ).stdout.strip()
                 if status.endswith("healthy") and not status.endswith("unhealthy"):
                     return
                 if status.startswith(("exited", "dead")):
@@ -176,8 +201,10 @@ class System:
 
     def cache_listing(self) -> str:
         sched = self.running_containers("scheduler")[0]
-        script = ("cd /cache && for d in models/* tokenizers/*; do "
-                  "[ -e \"$d\" ] && stat -c '%n inode=%i mtime=%Y' \"$d\"; done; true")
+        script = (
+            "cd /cache && for d in models/* tokenizers/*; do "
+            '[ -e "$d" ] && stat -c \'%n inode=%i mtime=%Y\' "$d"; done; true'
+        )
         return run(["docker", "exec", sched, "sh", "-c", script], timeout=60).stdout.strip()
 
     def logs_tail(self, lines: int = 60) -> str:
@@ -196,15 +223,20 @@ def container_of(worker_id: str, containers: list[str]) -> str | None:
 def check_results(results, reference, what: str) -> None:
     bad = [r for r in results if r.finish_reason not in FINISHED_OK or r.error]
     if bad:
-        raise Failed(f"{what}: {len(bad)} of {len(results)} requests did not finish: "
-                     + "; ".join(f"{r.request_id}: {r.finish_reason} {r.error}" for r in bad[:5]))
+        raise Failed(
+            f"{what}: {len(bad)} of {len(results)} requests did not finish: "
+            + "; ".join(f"{r.request_id}: {r.finish_reason} {r.error}" for r in bad[:5])
+        )
     if reference is not None:
-        diff = [(p, r) for p, r in results_by_prompt(results)
-                if r.token_ids != reference[p].token_ids]
+        diff = [
+            (p, r) for p, r in results_by_prompt(results) if r.token_ids != reference[p].token_ids
+        ]
         if diff:
             p, r = diff[0]
-            raise Failed(f"{what}: {len(diff)} greedy outputs differ from the reference, e.g. "
-                         f"{p!r}: {r.text!r} (workers {r.worker_ids}) vs {reference[p].text!r}")
+            raise Failed(
+                f"{what}: {len(diff)} greedy outputs differ from the reference, e.g. "
+                f"{p!r}: {r.text!r} (workers {r.worker_ids}) vs {reference[p].text!r}"
+            )
 
 
 def results_by_prompt(results):
@@ -213,8 +245,9 @@ def results_by_prompt(results):
 
 def send_all(client, n: int, threads: int):
     with ThreadPoolExecutor(threads) as pool:
-        return list(pool.map(
-            lambda i: client.generate(PROMPTS[i % len(PROMPTS)], **PARAMS), range(n)))
+        return list(
+            pool.map(lambda i: client.generate(PROMPTS[i % len(PROMPTS)], **PARAMS), range(n))
+        )
 
 
 def check_http(port: int) -> None:
@@ -246,22 +279,28 @@ def scenario(system: System, port: int, http_port: int, workers: int) -> list[st
     client = SplitserveClient(f"127.0.0.1:{port}", timeout=300)
     try:
         info = client.wait_for_workers(workers, timeout=600)
-        say(f"{len(info.workers)} workers attached after {time.monotonic() - started:.1f} s "
-            f"(model {info.model})")
+        say(
+            f"{len(info.workers)} workers attached after {time.monotonic() - started:.1f} s "
+            f"(model {info.model})"
+        )
         if len(info.workers) != workers:
             raise Failed(f"expected {workers} workers, {len(info.workers)} attached")
 
         t = time.monotonic()
         reference = {p: client.generate(p, **PARAMS) for p in PROMPTS}
         check_results(list(reference.values()), None, "reference requests")
-        say(f"{len(PROMPTS)} sequential requests in {time.monotonic() - t:.1f} s; e.g. "
-            f"{PROMPTS[0]!r} -> {reference[PROMPTS[0]].text[:40]!r}")
+        say(
+            f"{len(PROMPTS)} sequential requests in {time.monotonic() - t:.1f} s; e.g. "
+            f"{PROMPTS[0]!r} -> {reference[PROMPTS[0]].text[:40]!r}"
+        )
         t = time.monotonic()
         results = send_all(client, 2 * len(PROMPTS), 2 * len(PROMPTS))
         check_results(results, reference, "concurrent requests")
         used = {w for r in results for w in r.worker_ids}
-        say(f"{len(results)} concurrent requests in {time.monotonic() - t:.1f} s, same tokens as "
-            f"sequential, served by {len(used)} workers")
+        say(
+            f"{len(results)} concurrent requests in {time.monotonic() - t:.1f} s, same tokens as "
+            f"sequential, served by {len(used)} workers"
+        )
 
         cache_before = system.cache_listing()
         if "models/" not in cache_before:
@@ -271,15 +310,19 @@ def scenario(system: System, port: int, http_port: int, workers: int) -> list[st
         system.cmd("up", "-d", "--no-recreate", "--scale", f"worker={workers + 1}", timeout=600)
         info = client.wait_for_workers(workers + 1, timeout=600)
         new = set(system.running_containers("worker")) - old
-        say(f"scaled to {len(info.workers)} workers; the new one attached in "
-            f"{time.monotonic() - t:.1f} s")
+        say(
+            f"scaled to {len(info.workers)} workers; the new one attached in "
+            f"{time.monotonic() - t:.1f} s"
+        )
         if len(new) != 1:
             raise Failed(f"expected one new worker container, got {len(new)}")
         new_logs = run(["docker", "logs", next(iter(new))], timeout=60).stdout
         cache_after = system.cache_listing()
         if cache_after != cache_before or "de-quantizing" in new_logs:
-            raise Failed("the new worker converted the weights again instead of using the cache "
-                         f"volume:\nbefore:\n{cache_before}\nafter:\n{cache_after}")
+            raise Failed(
+                "the new worker converted the weights again instead of using the cache "
+                f"volume:\nbefore:\n{cache_before}\nafter:\n{cache_after}"
+            )
         say("the new worker reused the converted weights from the cache volume")
 
         victims = [under_load(system, client, reference, "stop")]
@@ -342,8 +385,10 @@ def under_load(system: System, client, reference, how: str) -> str:
     code = run(["docker", "wait", victim], timeout=60).stdout.strip()
     say(f"worker container gone after {time.monotonic() - stop_started:.1f} s, exit code {code}")
     if how == "stop" and code != "0":
-        raise Failed(f"the worker stopped under load exited {code}, not 0 (137: it still ran "
-                     f"{STOP_GRACE_S} s after SIGTERM and was killed)")
+        raise Failed(
+            f"the worker stopped under load exited {code}, not 0 (137: it still ran "
+            f"{STOP_GRACE_S} s after SIGTERM and was killed)"
+        )
     loader.join(timeout=600)
     if loader.is_alive():
         raise Failed("requests still unfinished 600 s after the worker was stopped")
@@ -352,8 +397,10 @@ def under_load(system: System, client, reference, how: str) -> str:
     check_results(results, reference, f"requests under worker loss ({how})")
     moved = sum(1 for r in results if len(r.worker_ids) > 1)
     migrated = migrated_count(system) - migrated_before
-    say(f"all {n} requests finished in {time.monotonic() - t:.1f} s with the reference tokens; "
-        f"the scheduler moved {migrated} to other workers, {moved} streamed from two workers")
+    say(
+        f"all {n} requests finished in {time.monotonic() - t:.1f} s with the reference tokens; "
+        f"the scheduler moved {migrated} to other workers, {moved} streamed from two workers"
+    )
 
     remaining = len(system.running_containers("worker"))
     deadline = time.monotonic() + 60
@@ -368,8 +415,7 @@ def under_load(system: System, client, reference, how: str) -> str:
 
 
 def stop_and_check_exit_codes(system: System, skip: set[str]) -> None:
-    ids = [c for c in system.containers("scheduler") + system.containers("worker")
-           if c not in skip]
+    ids = [c for c in system.containers("scheduler") + system.containers("worker") if c not in skip]
     system.cmd("stop", "-t", "20", timeout=300)
     codes = {}
     for cid in ids:
@@ -383,6 +429,7 @@ def stop_and_check_exit_codes(system: System, skip: set[str]) -> None:
 
 
 # ---- main ------------------------------------------------------------------------------------
+
 
 def ensure_wheelhouse() -> None:
     """Bring docker/wheelhouse/ up to date with pyproject.toml (quick when it already is)."""
@@ -399,21 +446,41 @@ def build(system: System) -> None:
         image = f"splitserve-{service}:{system.env.get('SPLITSERVE_IMAGE_TAG', 'latest')}"
         size = run(["docker", "image", "inspect", "-f", "{{.Size}}", image], timeout=30).stdout
         say(f"built {image} in {time.monotonic() - t:.0f} s, {int(size) / 1e6:.0f} MB")
-    if run(["docker", "run", "--rm", "--entrypoint", "python", "splitserve-scheduler:"
-            + system.env.get("SPLITSERVE_IMAGE_TAG", "latest"), "-c", "import torch"],
-           check=False, timeout=120).returncode == 0:
+    if (
+        run(
+            [
+                "docker",
+                "run",
+                "--rm",
+                "--entrypoint",
+                "python",
+                "splitserve-scheduler:" + system.env.get("SPLITSERVE_IMAGE_TAG", "latest"),
+                "-c",
+                "import torch",
+            ],
+            check=False,
+            timeout=120,
+        ).returncode
+        == 0
+    ):
         raise Failed("the scheduler image contains torch")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="workers to start with (then +1)")
-    parser.add_argument("--base-image", default=os.environ.get("BASE_IMAGE") or None,
-                        help=f"base of both images (default {DEFAULT_BASE}, else {LOCAL_BASE})")
+    parser.add_argument(
+        "--base-image",
+        default=os.environ.get("BASE_IMAGE") or None,
+        help=f"base of both images (default {DEFAULT_BASE}, else {LOCAL_BASE})",
+    )
     parser.add_argument("--no-build", action="store_true", help="use the images already built")
-    parser.add_argument("--no-wheelhouse", action="store_true",
-                        help="do not refresh docker/wheelhouse/ (the build installs from it "
-                             "when it holds wheels, else from PyPI)")
+    parser.add_argument(
+        "--no-wheelhouse",
+        action="store_true",
+        help="do not refresh docker/wheelhouse/ (the build installs from it "
+        "when it holds wheels, else from PyPI)",
+    )
     parser.add_argument("--no-http", action="store_true", help="skip the HTTP /health check")
     parser.add_argument("--keep", action="store_true", help="leave the system running at the end")
     args = parser.parse_args(argv)
@@ -426,15 +493,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     compose = compose_command()
     if compose is None:
-        print("compose test SKIPPED: neither `docker compose` nor `docker-compose` is installed.",
-              flush=True)
+        print(
+            "compose test SKIPPED: neither `docker compose` nor `docker-compose` is installed.",
+            flush=True,
+        )
         return 0
     say(f"engine reachable; using `{' '.join(compose)}`")
 
     project = f"splitserve-ct{os.getpid()}"
     port, http_port = free_port(), free_port()
-    env = dict(os.environ, SPLITSERVE_BIND_ADDRESS="127.0.0.1",
-               SPLITSERVE_PUBLISHED_PORT=str(port), SPLITSERVE_HTTP_PUBLISHED_PORT=str(http_port))
+    env = dict(
+        os.environ,
+        SPLITSERVE_BIND_ADDRESS="127.0.0.1",
+        SPLITSERVE_PUBLISHED_PORT=str(port),
+        SPLITSERVE_HTTP_PUBLISHED_PORT=str(http_port),
+    )
     system = System(compose, project, env)
     ok = False
     try:

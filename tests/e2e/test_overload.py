@@ -65,8 +65,10 @@ def test_thousand_concurrent_streams(tmp_path):
         refusal_times = [t for o, t in outcomes if o == "refused"]
         assert max(refusal_times) < 10, "refusals must come at once, not after waiting"
         assert rss_after - rss_before < 300 * 2**20, (rss_before, rss_after)
-        print(f"{CLIENTS} clients in {elapsed:.1f} s: {kinds}; scheduler RSS "
-              f"{rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB")
+        print(
+            f"{CLIENTS} clients in {elapsed:.1f} s: {kinds}; scheduler RSS "
+            f"{rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB"
+        )
         with SplitserveClient(c.target, timeout=30) as client:
             info = client.server_info()
             assert info.num_requests_in_flight == 0

@@ -101,8 +101,12 @@ def test_soak_with_faults(tmp_path):
         deadline = time.monotonic() + 20
         while True:
             info = client.server_info()
-            if info.num_requests_in_flight == 0 and len(info.workers) == len(WORKERS) and all(
-                w.num_free_blocks == w.num_blocks and w.num_running == 0 for w in info.workers
+            if (
+                info.num_requests_in_flight == 0
+                and len(info.workers) == len(WORKERS)
+                and all(
+                    w.num_free_blocks == w.num_blocks and w.num_running == 0 for w in info.workers
+                )
             ):
                 break
             assert time.monotonic() < deadline, f"accounting not exact at the end: {info}"

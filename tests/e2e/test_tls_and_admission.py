@@ -52,8 +52,9 @@ def test_tls_client_api_and_mutual_tls_worker_link(tmp_path):
             wait_workers(client, 1)
             time.sleep(1.5)  # give the refused workers time to (fail to) attach
             assert [w.worker_id for w in client.server_info().workers] == ["good"]
-            result = client.generate(token_ids=[5, 6, 7], max_tokens=3, ignore_eos=True,
-                                     temperature=0.0)
+            result = client.generate(
+                token_ids=[5, 6, 7], max_tokens=3, ignore_eos=True, temperature=0.0
+            )
             assert len(result.token_ids) == 3
         assert good.alive() and rogue.alive() and plain.alive()  # they keep retrying
         # the HTTP API is served over TLS with the same certificate
@@ -86,8 +87,9 @@ def test_queue_bound_refuses_at_once_with_resource_exhausted(tmp_path):
 
             def one(i):
                 try:
-                    r = client.generate(token_ids=[4, 5, i + 3], max_tokens=20, ignore_eos=True,
-                                        temperature=0.0)
+                    r = client.generate(
+                        token_ids=[4, 5, i + 3], max_tokens=20, ignore_eos=True, temperature=0.0
+                    )
                     outcome = r.finish_reason
                 except grpc.RpcError as exc:
                     assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
@@ -122,8 +124,9 @@ def test_tenant_rate_limit_and_unknown_tenant(tmp_path):
         c.start_worker("w", *SIM)
         with SplitserveClient(c.target, timeout=60) as client:
             wait_workers(client, 1)
-            ok = [client.generate(token_ids=[9, 9], max_tokens=1, tenant="alpha")
-                  for _ in range(2)]  # the burst
+            ok = [
+                client.generate(token_ids=[9, 9], max_tokens=1, tenant="alpha") for _ in range(2)
+            ]  # the burst
             assert all(r.finish_reason for r in ok)
             with pytest.raises(grpc.RpcError) as err:
                 client.generate(token_ids=[9, 9], max_tokens=1, tenant="alpha")

@@ -25,8 +25,12 @@ def run_all(client: SplitserveClient, on_progress=None) -> dict[int, tuple[str, 
 
     def one(i: int) -> None:
         text, tokens, workers = [], [], set()
-        for msg in client.stream(messages=[{"role": "user", "content": PROMPTS[i]}],
-                                 max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True):
+        for msg in client.stream(
+            messages=[{"role": "user", "content": PROMPTS[i]}],
+            max_tokens=MAX_TOKENS,
+            temperature=0.0,
+            ignore_eos=True,
+        ):
             text.append(msg.text)
             tokens.extend(msg.token_ids)
             counts[i] = len(tokens)

@@ -23,8 +23,13 @@ from scheduler_svc.core import (
 
 
 def r(rid: str, priority: int = 0, arrival: float = 0.0, n: int = 1) -> Request:
-    return Request(rid, list(range(1, n + 1)), SamplingParams(max_tokens=4), priority=priority,
-                   arrival_time=arrival)
+    return Request(
+        rid,
+        list(range(1, n + 1)),
+        SamplingParams(max_tokens=4),
+        priority=priority,
+        arrival_time=arrival,
+    )
 
 
 def ids(q) -> list[str]:
@@ -141,8 +146,11 @@ def test_custom_policy_plugs_in_by_name_with_aging_hook():
 
     try:
         assert "test_sjf" in available_policies()
-        s = Scheduler(SchedulerConfig(policy="test_sjf", max_num_seqs=1, block_size=4,
-                                      num_blocks=32, max_model_len=64))
+        s = Scheduler(
+            SchedulerConfig(
+                policy="test_sjf", max_num_seqs=1, block_size=4, num_blocks=32, max_model_len=64
+            )
+        )
         s.add_request(r("long", n=9, arrival=0.0))
         s.add_request(r("short", n=2, arrival=1.0))
         out = s.schedule()

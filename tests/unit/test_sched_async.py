@@ -78,7 +78,8 @@ def run_pipelined(workload, depth: int = 2) -> None:
         pending.append((out, worker.execute(out)))  # the worker runs steps in order
         for blk in pool.cached.values():
             assert all((blk.block_id, i) in worker.kv for i in range(cfg.block_size)), (
-                f"block {blk.block_id} is cached but was never fully written")
+                f"block {blk.block_id} is cached but was never fully written"
+            )
         if len(pending) >= depth:
             apply_oldest()
         pool.check_invariants()

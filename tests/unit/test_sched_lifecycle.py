@@ -15,16 +15,23 @@ from scheduler_svc.core import (
 
 
 def make(**kw) -> Scheduler:
-    base = dict(max_num_batched_tokens=16, max_num_seqs=8, block_size=4, num_blocks=32,
-                watermark=0.0, max_model_len=64)
+    base = dict(
+        max_num_batched_tokens=16,
+        max_num_seqs=8,
+        block_size=4,
+        num_blocks=32,
+        watermark=0.0,
+        max_model_len=64,
+    )
     base.update(kw)
     return Scheduler(SchedulerConfig(**base))
 
 
 def req(rid, prompt, eos=None, arrival=0.0, **params) -> Request:
     params.setdefault("max_tokens", 20)
-    return Request(rid, list(prompt), SamplingParams(**params), arrival_time=arrival,
-                   eos_token_id=eos)
+    return Request(
+        rid, list(prompt), SamplingParams(**params), arrival_time=arrival, eos_token_id=eos
+    )
 
 
 def run(s: Scheduler, tokens: dict[str, list[int]], max_steps: int = 100):
@@ -242,8 +249,14 @@ def test_abort_from_middle_of_waiting_queue_keeps_order(policy):
 
 def _swap_setup(**kw) -> Scheduler:
     # 4 device blocks of 4: r1, r2 (7-token prompts) fill the pool after two steps
-    s = make(num_blocks=4, enable_prefix_caching=False, max_num_batched_tokens=64,
-             preemption_mode="swap", num_host_blocks=4, **kw)
+    s = make(
+        num_blocks=4,
+        enable_prefix_caching=False,
+        max_num_batched_tokens=64,
+        preemption_mode="swap",
+        num_host_blocks=4,
+        **kw,
+    )
     s.add_request(req("r1", range(7), arrival=1))
     s.add_request(req("r2", range(100, 107), arrival=2))
     for _ in range(2):
@@ -288,8 +301,13 @@ def test_swapped_requests_resume_before_waiting_ones_are_admitted():
 
 
 def test_swap_falls_back_to_recompute_when_the_host_is_full():
-    s = make(num_blocks=4, enable_prefix_caching=False, max_num_batched_tokens=64,
-             preemption_mode="swap", num_host_blocks=1)
+    s = make(
+        num_blocks=4,
+        enable_prefix_caching=False,
+        max_num_batched_tokens=64,
+        preemption_mode="swap",
+        num_host_blocks=1,
+    )
     s.add_request(req("r1", range(7), arrival=1))
     s.add_request(req("r2", range(100, 107), arrival=2))
     for _ in range(3):
@@ -302,8 +320,14 @@ def test_swap_falls_back_to_recompute_when_the_host_is_full():
 
 @pytest.mark.parametrize("min_tokens, swapped", [(8, True), (9, False)])
 def test_auto_swaps_long_victims_and_recomputes_short_ones(min_tokens, swapped):
-    s = make(num_blocks=4, enable_prefix_caching=False, max_num_batched_tokens=64,
-             preemption_mode="auto", num_host_blocks=8, auto_swap_min_tokens=min_tokens)
+    s = make(
+        num_blocks=4,
+        enable_prefix_caching=False,
+        max_num_batched_tokens=64,
+        preemption_mode="auto",
+        num_host_blocks=8,
+        auto_swap_min_tokens=min_tokens,
+    )
     s.add_request(req("r1", range(7), arrival=1))
     s.add_request(req("r2", range(100, 107), arrival=2))
     for _ in range(3):

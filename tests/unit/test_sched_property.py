@@ -204,18 +204,21 @@ def workloads(draw, pressure: bool = False):
             stop_token_ids=draw(st.sampled_from([[], [], [], [5], [3, 7]])),
         )
         abort_at = draw(st.integers(0, 30)) if draw(st.integers(0, 4)) == 0 else None
-        specs.append(Spec(
-            rid=f"r{i}",
-            prompt=prompt,
-            params=params,
-            eos=draw(st.sampled_from([EOS, None, None])),
-            priority=draw(st.integers(0, 3)),
-            arrive=draw(st.integers(0, 3) if pressure or draw(st.booleans())
-                        else st.integers(0, 20)),
-            abort_at=abort_at,
-            abort_mid=draw(st.booleans()),
-            migrated=draw(st.integers(0, 2)) if draw(st.integers(0, 3)) == 0 else 0,
-        ))
+        specs.append(
+            Spec(
+                rid=f"r{i}",
+                prompt=prompt,
+                params=params,
+                eos=draw(st.sampled_from([EOS, None, None])),
+                priority=draw(st.integers(0, 3)),
+                arrive=draw(
+                    st.integers(0, 3) if pressure or draw(st.booleans()) else st.integers(0, 20)
+                ),
+                abort_at=abort_at,
+                abort_mid=draw(st.booleans()),
+                migrated=draw(st.integers(0, 2)) if draw(st.integers(0, 3)) == 0 else 0,
+            )
+        )
     return cfg, specs
 
 
@@ -266,9 +269,15 @@ def run_workload(workload) -> None:
         for spec in by_arrival.get(step, []):
             alone, _ = run_alone(spec.prompt, [], spec.params, spec.eos, length_limit)
             prior = alone[: spec.migrated] if spec.migrated < len(alone) else []
-            request = Request(spec.rid, spec.prompt, spec.params, priority=spec.priority,
-                              arrival_time=float(step), eos_token_id=spec.eos,
-                              output_token_ids=prior)
+            request = Request(
+                spec.rid,
+                spec.prompt,
+                spec.params,
+                priority=spec.priority,
+                arrival_time=float(step),
+                eos_token_id=spec.eos,
+                output_token_ids=prior,
+            )
             try:
                 s.add_request(request)
             except RequestRejected:
@@ -277,8 +286,7 @@ def run_workload(workload) -> None:
             assert not expected_rejection(cfg, spec, prior), "accepted an impossible request"
             accepted[spec.rid] = spec
             worker.prompt_lens[spec.rid] = len(spec.prompt)
-            reference[spec.rid] = run_alone(spec.prompt, prior, spec.params, spec.eos,
-                                            length_limit)
+            reference[spec.rid] = run_alone(spec.prompt, prior, spec.params, spec.eos, length_limit)
             got[spec.rid] = list(prior)
         for rid, spec in accepted.items():
             if spec.abort_at == step and not spec.abort_mid and rid not in reasons:
@@ -290,15 +298,17 @@ def run_workload(workload) -> None:
         order = list(before)
         out = s.schedule()
         for rid in out.preempted_req_ids:
-            if any(order.index(rid) < order.index(o) for o in out.num_scheduled_tokens
-                   if o in before):
+            if any(
+                order.index(rid) < order.index(o) for o in out.num_scheduled_tokens if o in before
+            ):
                 event("preempted a request ahead of a scheduled one")
         _check_step(s, cfg, out, before, swapped)
         finished_reported += list(out.finished_req_ids)
         sampled = worker.execute(out)
         for blk in pool.cached.values():  # a cached block holds K/V for every slot
             assert all((blk.block_id, i) in worker.kv for i in range(cfg.block_size)), (
-                f"block {blk.block_id} is in the prefix cache but was never fully written")
+                f"block {blk.block_id} is in the prefix cache but was never fully written"
+            )
 
         for rid, spec in accepted.items():  # aborts between schedule() and the results
             if spec.abort_at == step and spec.abort_mid and rid not in reasons:
@@ -346,8 +356,7 @@ def run_workload(workload) -> None:
     event(f"finish reasons: {sorted({r.value for r in reasons.values()})}")
 
 
-def _check_step(s: Scheduler, cfg: SchedulerConfig, out: SchedulerOutput, before,
-                swapped) -> None:
+def _check_step(s: Scheduler, cfg: SchedulerConfig, out: SchedulerOutput, before, swapped) -> None:
     bs = cfg.block_size
     assert out.total_num_scheduled_tokens == sum(out.num_scheduled_tokens.values())
     assert out.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
@@ -391,8 +400,11 @@ def _check_step(s: Scheduler, cfg: SchedulerConfig, out: SchedulerOutput, before
             swap_ins += -(-c.num_computed_tokens // bs)
     assert len(out.blocks_to_swap_in) == swap_ins
     entries = {n.request_id: n.num_computed_tokens for n in out.new_requests}
-    entries |= {c.request_id: c.num_computed_tokens for c in out.cached_requests
-                if c.resumed and c.request_id not in swapped}
+    entries |= {
+        c.request_id: c.num_computed_tokens
+        for c in out.cached_requests
+        if c.resumed and c.request_id not in swapped
+    }
     for rid, hit in entries.items():
         r = s.get_request(rid)
         n = out.num_scheduled_tokens[rid]

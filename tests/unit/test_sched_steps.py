@@ -30,8 +30,9 @@ def make(**kw) -> Scheduler:
     return Scheduler(SchedulerConfig(**base))
 
 
-def req(rid: str, prompt, max_tokens: int = 50, priority: int = 0, arrival: float = 0.0,
-        **params) -> Request:
+def req(
+    rid: str, prompt, max_tokens: int = 50, priority: int = 0, arrival: float = 0.0, **params
+) -> Request:
     return Request(
         request_id=rid,
         prompt_token_ids=list(prompt),
@@ -297,8 +298,13 @@ def test_lru_eviction_order_of_cached_free_blocks():
 
 def _two_full_requests(policy: str = "fcfs") -> Scheduler:
     # 4 blocks of 4; r1, r2 have 7-token prompts (2 blocks each) -> the pool is full
-    s = make(num_blocks=4, block_size=4, max_num_batched_tokens=64, policy=policy,
-             enable_prefix_caching=False)
+    s = make(
+        num_blocks=4,
+        block_size=4,
+        max_num_batched_tokens=64,
+        policy=policy,
+        enable_prefix_caching=False,
+    )
     s.add_request(req("r1", range(7), arrival=1))
     s.add_request(req("r2", range(100, 107), arrival=2))
     step(s)  # both prefill 7 -> 8 tokens each
@@ -364,8 +370,13 @@ def test_recompute_after_preemption_reuses_prefix_cache_and_counts_only_the_rest
 
 
 def test_priority_victim_is_max_priority_then_latest_arrival_and_gives_back_its_budget():
-    s = make(num_blocks=6, block_size=4, max_num_batched_tokens=64, policy="priority",
-             enable_prefix_caching=False)
+    s = make(
+        num_blocks=6,
+        block_size=4,
+        max_num_batched_tokens=64,
+        policy="priority",
+        enable_prefix_caching=False,
+    )
     s.add_request(req("x", range(6), priority=5, arrival=1.0))  # least important, admitted first
     step(s)  # x: prefill 6 -> 7 tokens
     s.add_request(req("y", range(100, 108), priority=0, arrival=2.0))
@@ -398,8 +409,13 @@ def test_victim_given_back_does_not_leave_the_block_it_would_have_filled_cached(
 
 
 def test_priority_victim_tie_on_priority_is_the_later_arrival():
-    s = make(num_blocks=4, block_size=4, max_num_batched_tokens=64, policy="priority",
-             enable_prefix_caching=False)
+    s = make(
+        num_blocks=4,
+        block_size=4,
+        max_num_batched_tokens=64,
+        policy="priority",
+        enable_prefix_caching=False,
+    )
     s.add_request(req("late", range(100, 107), priority=1, arrival=2.0))
     s.add_request(req("early", range(7), priority=1, arrival=1.0))
     step(s)
@@ -410,8 +426,13 @@ def test_priority_victim_tie_on_priority_is_the_later_arrival():
 
 
 def test_request_that_is_its_own_victim_is_preempted_and_later_ones_still_run():
-    s = make(num_blocks=4, block_size=4, max_num_batched_tokens=64, policy="priority",
-             enable_prefix_caching=False)
+    s = make(
+        num_blocks=4,
+        block_size=4,
+        max_num_batched_tokens=64,
+        policy="priority",
+        enable_prefix_caching=False,
+    )
     s.add_request(req("low", range(7), priority=9, arrival=1.0))
     step(s)  # low: 8 tokens (2 blocks)
     s.add_request(req("high", range(100, 107), priority=0, arrival=2.0))
@@ -422,8 +443,14 @@ def test_request_that_is_its_own_victim_is_preempted_and_later_ones_still_run():
 
 
 def test_priority_preempted_request_keeps_its_arrival_time_in_waiting():
-    s = make(num_blocks=4, block_size=4, max_num_batched_tokens=64, policy="priority",
-             enable_prefix_caching=False, max_num_seqs=2)
+    s = make(
+        num_blocks=4,
+        block_size=4,
+        max_num_batched_tokens=64,
+        policy="priority",
+        enable_prefix_caching=False,
+        max_num_seqs=2,
+    )
     s.add_request(req("r1", range(7), priority=1, arrival=1.0))
     s.add_request(req("r2", range(100, 107), priority=1, arrival=2.0))
     step(s)
@@ -444,8 +471,13 @@ def test_fcfs_preempted_goes_before_everything_waiting():
 
 
 def test_several_preemptions_in_one_step_keep_the_victims_order_at_the_head():
-    s = make(num_blocks=4, block_size=4, max_num_batched_tokens=64,
-             long_prefill_token_threshold=8, enable_prefix_caching=False)
+    s = make(
+        num_blocks=4,
+        block_size=4,
+        max_num_batched_tokens=64,
+        long_prefill_token_threshold=8,
+        enable_prefix_caching=False,
+    )
     s.add_request(req("a", range(16), arrival=0))
     s.add_request(req("b", range(100, 103), arrival=1))
     s.add_request(req("c", range(200, 203), arrival=2))
@@ -521,10 +553,20 @@ def test_stats_keys_and_dict_access():
     step(s)
     step(s)
     st = s.stats()
-    for key in ("num_running", "num_waiting", "num_preemptions", "kv_usage",
-                "prefix_cache_queries", "prefix_cache_hits", "num_recomputed_tokens",
-                "num_free_blocks", "num_total_blocks", "num_steps", "num_prefill_tokens",
-                "num_decode_tokens"):
+    for key in (
+        "num_running",
+        "num_waiting",
+        "num_preemptions",
+        "kv_usage",
+        "prefix_cache_queries",
+        "prefix_cache_hits",
+        "num_recomputed_tokens",
+        "num_free_blocks",
+        "num_total_blocks",
+        "num_steps",
+        "num_prefill_tokens",
+        "num_decode_tokens",
+    ):
         assert st[key] == getattr(st, key)
     assert dict(st.as_dict())["num_steps"] == 2
     assert st.num_prefill_tokens == 3 and st.num_decode_tokens == 1

@@ -18,8 +18,9 @@ from scheduler_svc.core import (
 
 
 def make(**kw) -> Scheduler:
-    base = dict(max_num_batched_tokens=512, max_num_seqs=8, block_size=16, num_blocks=64,
-                max_model_len=2048)
+    base = dict(
+        max_num_batched_tokens=512, max_num_seqs=8, block_size=16, num_blocks=64, max_model_len=2048
+    )
     base.update(kw)
     return Scheduler(SchedulerConfig(**base))
 
@@ -101,8 +102,17 @@ def test_good_sampling_values_pass():
     for params in (
         SamplingParams(),
         SamplingParams(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, logprobs=0),
-        SamplingParams(temperature=2.0, top_p=0.01, top_k=50, min_p=1.0, repetition_penalty=1.3,
-                       max_tokens=5, min_tokens=5, stop_token_ids=[0, 7], seed=3),
+        SamplingParams(
+            temperature=2.0,
+            top_p=0.01,
+            top_k=50,
+            min_p=1.0,
+            repetition_penalty=1.3,
+            max_tokens=5,
+            min_tokens=5,
+            stop_token_ids=[0, 7],
+            seed=3,
+        ),
     ):
         validate_sampling_params(params)
 
