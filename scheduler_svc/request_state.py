@@ -41,15 +41,11 @@ class DeltaStream:
 
     def put_nowait(self, delta: StreamDelta) -> None:
         self._items.append(delta)
-        waiters = self._waiters
-        if waiters:
-            waiter = waiters.popleft()
-            if waiter.done():  # cancelled: wake the next one, if any
-                self._wake_next()
-            else:
-                waiter.set_result(None)
+        if self._waiters:
+            self._wake_next()
 
     def _wake_next(self) -> None:
+        """Wake the first waiter still waiting (cancelled ones are skipped)."""
         waiters = self._waiters
         while waiters:
             waiter = waiters.popleft()
@@ -159,15 +155,13 @@ class RequestState:
             return False
         self.queue.put_nowait(
             StreamDelta(
-                token_ids,
-                text,
-                finish_reason,
-                "" if stop_reason is None else str(stop_reason),
-                logprobs,
-                "",
-                "",
-                len(self.output_token_ids),
-                self.worker_id or "",
+                token_ids=token_ids,
+                text=text,
+                finish_reason=finish_reason,
+                stop_reason="" if stop_reason is None else str(stop_reason),
+                logprobs=logprobs,
+                num_output_tokens=len(self.output_token_ids),
+                worker_id=self.worker_id or "",
             )
         )
         return stopped_by_string
