@@ -142,7 +142,10 @@ def bench_decode(runner: ModelRunner, batch: int, ctx: int, steps: int) -> dict:
     return {"batch": batch, "context": ctx, "step_ms": step_s * 1e3, "tok_s": batch / step_s}
 
 
-def decode_stepper(runner: ModelRunner, batch: int, ctx: int, max_steps: int = 64):
+MAX_DECODE_STEPS = 64  # blocks each decode_stepper request holds room for
+
+
+def decode_stepper(runner: ModelRunner, batch: int, ctx: int, max_steps: int = MAX_DECODE_STEPS):
     """A callable running one more pure-decode step of `batch` requests each time (up to
     `max_steps`), after placing them with `ctx` tokens of context."""
     runner.reset()
@@ -310,7 +313,7 @@ def main() -> int:
         need = max(
             need,
             *(
-                b * -(-(c + 64 + 2) // bs)
+                b * -(-(c + MAX_DECODE_STEPS + 2) // bs)
                 for b in args.decode_batches
                 for c in args.decode_contexts
             ),

@@ -145,22 +145,24 @@ def build_metadata(
     groups: list[AttentionGroup] = []
     q_start = 0
     ctx_len = num_computed + num_scheduled
-    native: dict = {"decode_kernel": decode_kernel}
-    if decode_kernel is not None and num_decodes:
+    meta = AttentionMetadata(
+        key_caches=key_caches,
+        value_caches=value_caches,
+        block_size=block_size,
+        slot_mapping=slot_mapping,
+        groups=groups,
+        decode_kernel=decode_kernel,
+    )
+    if decode_kernel is not None and num_decodes:  # every decode row in one kernel call
         lens = ctx_len[:num_decodes]
         n_blocks = -(-int(lens.max()) // block_size)
-        native = dict(
-            decode_kernel=decode_kernel,
-            num_native_decodes=num_decodes,
-            decode_block_table=_ids(block_table[:num_decodes, :n_blocks], device).view(
-                num_decodes, n_blocks
-            ),
-            decode_seq_lens=torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int64)),
-            decode_max_len=int(lens.max()),
+        meta.num_native_decodes = q_start = num_decodes
+        meta.decode_block_table = _ids(block_table[:num_decodes, :n_blocks], device).view(
+            num_decodes, n_blocks
         )
-        q_start = num_decodes
-    native_decodes = native.get("num_native_decodes", 0)
-    for start in range(native_decodes, num_decodes, decode_group_size):
+        meta.decode_seq_lens = torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int64))
+        meta.decode_max_len = int(lens.max())
+    for start in range(meta.num_native_decodes, num_decodes, decode_group_size):
         stop = min(start + decode_group_size, num_decodes)
         rows, lens = stop - start, ctx_len[start:stop]
         n_blocks = -(-int(lens.max()) // block_size)
@@ -186,14 +188,7 @@ def build_metadata(
             block_ids = _ids(block_table[r, :n_blocks], device)
             groups.append(AttentionGroup(q_start, q_start + q, 1, n_blocks, block_ids, mask))
         q_start += q
-    return AttentionMetadata(
-        key_caches=key_caches,
-        value_caches=value_caches,
-        block_size=block_size,
-        slot_mapping=slot_mapping,
-        groups=groups,
-        **native,
-    )
+    return meta
 
 
 def _ids(ids: np.ndarray, device: torch.device) -> torch.Tensor:

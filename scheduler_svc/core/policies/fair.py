@@ -316,4 +316,6 @@ class TenantFairQueue(RequestQueue):
         return ([r] for r in self)
 
     def _rebuild(self, entries: list[list[Any]]) -> None:
+        # unreachable: remove() and reorder(), the base class's only callers, are overridden
+        # above to act on the per-tenant queues, which compact themselves
         raise NotImplementedError("TenantFairQueue keeps one heap per tenant")
