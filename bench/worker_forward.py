@@ -64,6 +64,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="the runner with --compile")
     p.add_argument("--no-native-attention", action="store_true", help="torch attention path")
     p.add_argument("--no-optimize-linears", action="store_true", help="nn.Linear as loaded")
+    p.add_argument(
+        "--no-keep-freed-memory", action="store_true", help="glibc malloc's default thresholds"
+    )
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args()
     only = {s for s in args.only.split(",") if s}
@@ -329,6 +332,7 @@ def main() -> int:
         num_threads=args.threads,
         attention_backend="torch" if args.no_native_attention else "auto",
         optimize_linears=not args.no_optimize_linears,
+        keep_freed_memory=not args.no_keep_freed_memory,
         compile=args.compile,
     )
     runner = ModelRunner(cfg)

@@ -49,6 +49,11 @@ class ModelRunnerConfig:
         "CPU: float32 linears multiply by transposed weights (faster in MKL); bfloat16 ones "
         "keep a copy packed for oneDNN at decode sizes",
     )
+    keep_freed_memory: bool = _opt(
+        True,
+        "CPU: glibc malloc keeps freed activations for reuse instead of returning them to "
+        "the kernel (each prefill step otherwise page-faults its tensors in again)",
+    )
     compile: bool = _opt(
         False,
         "torch.compile the decoder layers (inductor fuses norms, rotary, activations); the "

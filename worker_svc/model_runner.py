@@ -24,6 +24,7 @@ from worker_svc import attention, native_attention
 from worker_svc.compile import compile_model
 from worker_svc.config import GiB, ModelRunnerConfig
 from worker_svc.fast_linear import optimize_linears
+from worker_svc.host_memory import keep_freed_memory
 from worker_svc.input_batch import InputBatch
 from worker_svc.kv_cache import KVCache, bytes_per_block
 from worker_svc.model_loader import load_model, resolve_device, resolve_dtype
@@ -62,6 +63,8 @@ class ModelRunner:
             torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        if config.keep_freed_memory:  # host memory: the CPU path's activations, the swap pool
+            keep_freed_memory()
         self.source = resolve_model(config.model)
         started = time.perf_counter()
         self.model = load_model(self.source, self.dtype, self.device, attention.register())

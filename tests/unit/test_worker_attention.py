@@ -100,17 +100,20 @@ def test_mixed_batch_matches_reference(group_size, backend):
 @pytest.mark.skipif(NATIVE is None, reason="no C compiler")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (8, 8, 128), (6, 2, 24)])
-def test_native_decode_kernel_matches_sdpa(dtype, heads, kv_heads, head_dim):
+@pytest.mark.parametrize(("bs", "q_scale"), [(16, 1.0), (8, 1.0), (32, 6.0)])
+def test_native_decode_kernel_matches_sdpa(dtype, heads, kv_heads, head_dim, bs, q_scale):
     """The C kernel (vectorised for head_dim % 16 == 0, plain loop otherwise) against SDPA on
-    the gathered context, rows of very different lengths over scattered blocks."""
+    the gathered context, rows of very different lengths over scattered blocks; blocks smaller
+    and larger than the kernel's 16-token chunks, and sharp score distributions (q_scale) whose
+    running max moves from chunk to chunk (the vector path's softmax is online)."""
     gen = torch.Generator().manual_seed(1)
-    num_blocks, bs = 300, 16
+    num_blocks = 300 * 16 // bs
     k_cache = torch.randn(num_blocks, bs, kv_heads, head_dim, generator=gen).to(dtype)
     v_cache = torch.randn(num_blocks, bs, kv_heads, head_dim, generator=gen).to(dtype)
     lens = torch.tensor([1, 15, 16, 17, 130, 400, 3])
     width = -(-int(lens.max()) // bs)
     table = torch.randperm(num_blocks, generator=gen)[: len(lens) * width].view(len(lens), width)
-    q = torch.randn(len(lens), heads, head_dim, generator=gen)
+    q = torch.randn(len(lens), heads, head_dim, generator=gen) * q_scale
     scale = head_dim**-0.5
     out = NATIVE(q, k_cache, v_cache, table, lens, int(lens.max()), scale)
     for r, n in enumerate(lens.tolist()):

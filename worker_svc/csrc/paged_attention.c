@@ -42,26 +42,32 @@ static inline float bf16_to_f32(uint16_t x) {
     return f;
 }
 
-/* Address of token j's head kh in a cache, as an element offset. */
-static inline int64_t token_offset(const Args *a, const int64_t *blocks, int64_t j, int64_t kh) {
-    const int64_t bs = a->block_size;
-    return ((blocks[j / bs] * bs + j % bs) * a->kv_heads + kh) * a->head_dim;
+/* Element offset of the first token of block slot b (head kh) in a cache; the tokens of a block
+ * follow each other kv_heads * head_dim elements apart. Walking block by block keeps integer
+ * division out of the inner loops (a runtime-divisor div per token was most of the time). */
+static inline int64_t block_offset(const Args *a, const int64_t *blocks, int64_t b, int64_t kh) {
+    return (blocks[b] * a->block_size * a->kv_heads + kh) * a->head_dim;
 }
 
 static inline float load_at(const Args *a, const void *cache, int64_t off) {
     return a->bf16 ? bf16_to_f32(((const uint16_t *)cache)[off]) : ((const float *)cache)[off];
 }
 
-/* The next tokens' rows are 256-byte pieces 768+ bytes apart, scattered by the block table:
- * hardware prefetchers miss them, so fetch a few tokens ahead by hand. */
-#define PREFETCH_AHEAD 16
-static inline void prefetch_token(const Args *a, const void *cache, const int64_t *blocks,
-                                  int64_t j, int64_t len, int64_t kh) {
-    if (j >= len) return;
-    const char *p = (const char *)cache + token_offset(a, blocks, j, kh) * (a->bf16 ? 2 : 4);
-    const int64_t bytes = a->head_dim * (a->bf16 ? 2 : 4);
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
+/* Blocks sit wherever the block table put them: hardware prefetchers cannot follow, so the
+ * next block's K and V rows are fetched by hand while the current one is scored. */
+static inline void prefetch_block(const Args *a, const int64_t *blocks, int64_t b, int64_t n,
+                                  int64_t kh) {
+    const int64_t esz = a->bf16 ? 2 : 4, row = a->head_dim * esz;
+    const int64_t stride = a->kv_heads * a->head_dim * esz, off = block_offset(a, blocks, b, kh) * esz;
+    const char *k = (const char *)a->k_cache + off, *v = (const char *)a->v_cache + off;
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t c = 0; c < row; c += 64) {
+            __builtin_prefetch(k + t * stride + c, 0, 3);
+            __builtin_prefetch(v + t * stride + c, 0, 3);
+        }
 }
+
+static inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 
 static void softmax_rows(float *scores, int64_t group, int64_t stride, int64_t len) {
     for (int64_t g = 0; g < group; g++) {
@@ -87,91 +93,153 @@ static inline __m512 load16(const Args *a, const void *cache, int64_t off) {
     return _mm512_loadu_ps((const float *)cache + off);
 }
 
-/* nv (head_dim / 16) is a parameter of always-inlined bodies so that the dispatch below can
- * pass a constant (4: head_dim 64, 8: 128): loops unroll and accumulators stay in registers. */
-static inline __attribute__((always_inline)) void scores_avx512(
-    const Args *a, const int64_t *blocks, int64_t len, int64_t kh, const float *qh, int64_t group,
-    float *scores, const int64_t nv) {
-    for (int64_t j = 0; j < PREFETCH_AHEAD; j++) {
-        prefetch_token(a, a->k_cache, blocks, j, len, kh);
-        prefetch_token(a, a->v_cache, blocks, j, len, kh);
-    }
-    for (int64_t g = 0; g < group; g++) {
-        __m512 qv[MAX_VECS];
-        for (int64_t c = 0; c < nv; c++) qv[c] = _mm512_loadu_ps(qh + g * a->head_dim + 16 * c);
-        float *sg = scores + g * a->max_seq_len;
-        for (int64_t j = 0; j < len; j++) {
-            if (g == 0) {
-                prefetch_token(a, a->k_cache, blocks, j + PREFETCH_AHEAD, len, kh);
-                prefetch_token(a, a->v_cache, blocks, j + PREFETCH_AHEAD, len, kh);
-            }
-            const int64_t off = token_offset(a, blocks, j, kh);
-            __m512 acc = _mm512_mul_ps(qv[0], load16(a, a->k_cache, off));
-            for (int64_t c = 1; c < nv; c++)
-                acc = _mm512_fmadd_ps(qv[c], load16(a, a->k_cache, off + 16 * c), acc);
-            sg[j] = _mm512_reduce_add_ps(acc) * a->scale;
-        }
-    }
+/* e^x for x <= 0 (softmax arguments): x = n ln2 + r, |r| <= ln2 / 2, a degree-7 Taylor
+ * polynomial of e^r (relative error ~1e-9, below float32 rounding), scaled by 2^n. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-103.0f)); /* e^-103 is 0 in float32 */
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.f / 5040.f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, n);
 }
 
-static inline __attribute__((always_inline)) void weighted_v_avx512(
-    const Args *a, const int64_t *blocks, int64_t len, int64_t kh, int64_t group,
-    const float *scores, float *o, const int64_t nv) {
-    for (int64_t g = 0; g < group; g++) {
-        __m512 acc[MAX_VECS];
-        for (int64_t c = 0; c < nv; c++) acc[c] = _mm512_setzero_ps();
-        const float *pg = scores + g * a->max_seq_len;
-        for (int64_t j = 0; j < len; j++) {
-            const int64_t off = token_offset(a, blocks, j, kh);
-            const __m512 p = _mm512_set1_ps(pg[j]);
-            for (int64_t c = 0; c < nv; c++)
-                acc[c] = _mm512_fmadd_ps(p, load16(a, a->v_cache, off + 16 * c), acc[c]);
+/* The sums of 16 vectors, as the 16 lanes of one (lane i = sum of v[i]): a transpose-and-add
+ * tree, ~2 shuffles per vector where a reduction per vector costs ~4. */
+static inline __m512 hsum16(const __m512 *v) {
+    __m512 t[8], u[4];
+    for (int i = 0; i < 8; i++)
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88),
+                                    _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+    const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88),
+                                    _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
+}
+
+/* One pass over the context, 16 tokens at a time (online softmax): the scores of a chunk, the
+ * running max, and V weighted into accumulators rescaled when the max grows. K and V of a chunk
+ * are read once while in L1, and no scores buffer is written and read back.
+ * nv (head_dim / 16) is a parameter of always-inlined bodies so that the dispatch below can
+ * pass a constant (4: head_dim 64, 8: 128): loops unroll and accumulators stay in registers. */
+static inline __attribute__((always_inline)) void attend_avx512_nv(
+    const Args *a, const int64_t *blocks, int64_t len, int64_t kh, const float *qh, int64_t group,
+    float *state, float *o, const int64_t nv) {
+    const int64_t bs = a->block_size, stride = a->kv_heads * a->head_dim, hd = a->head_dim;
+    const int64_t nblocks = (len + bs - 1) / bs;
+    float *m = state, *l = state + group, *acc = state + 2 * group; /* acc: [group][head_dim] */
+    for (int64_t g = 0; g < group; g++) m[g] = -INFINITY, l[g] = 0.f;
+    memset(acc, 0, sizeof(float) * group * hd);
+    const __m512 scale = _mm512_set1_ps(a->scale);
+    prefetch_block(a, blocks, 0, min64(bs, len), kh);
+    for (int64_t b = 0; b < nblocks; b++) {
+        const int64_t block_start = b * bs, block_n = min64(bs, len - block_start);
+        if (b + 1 < nblocks)
+            prefetch_block(a, blocks, b + 1, min64(bs, len - block_start - bs), kh);
+        const int64_t base = block_offset(a, blocks, b, kh);
+        for (int64_t c0 = 0; c0 < block_n; c0 += 16) {
+            const int64_t n = min64(16, block_n - c0);
+            const __mmask16 valid = n == 16 ? 0xFFFF : (__mmask16)((1u << n) - 1);
+            const int64_t off0 = base + c0 * stride;
+            for (int64_t g = 0; g < group; g++) {
+                __m512 qv[MAX_VECS], dots[16];
+                for (int64_t c = 0; c < nv; c++) qv[c] = _mm512_loadu_ps(qh + g * hd + 16 * c);
+                for (int64_t t = 0; t < 16; t++) {
+                    if (t >= n) {
+                        dots[t] = _mm512_setzero_ps();
+                        continue;
+                    }
+                    const int64_t off = off0 + t * stride;
+                    __m512 d = _mm512_mul_ps(qv[0], load16(a, a->k_cache, off));
+                    for (int64_t c = 1; c < nv; c++)
+                        d = _mm512_fmadd_ps(qv[c], load16(a, a->k_cache, off + 16 * c), d);
+                    dots[t] = d;
+                }
+                const __m512 s = _mm512_mul_ps(hsum16(dots), scale);
+                const float m_new = fmaxf(m[g], _mm512_mask_reduce_max_ps(valid, s));
+                const float alpha = expf(m[g] - m_new); /* 0 on the first chunk (m = -inf) */
+                const __m512 p = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+                m[g] = m_new;
+                l[g] = l[g] * alpha + _mm512_reduce_add_ps(p);
+                float pw[16];
+                _mm512_storeu_ps(pw, p);
+                float *ag = acc + g * hd;
+                __m512 av[MAX_VECS];
+                const __m512 al = _mm512_set1_ps(alpha);
+                for (int64_t c = 0; c < nv; c++) av[c] = _mm512_mul_ps(_mm512_loadu_ps(ag + 16 * c), al);
+                for (int64_t t = 0; t < n; t++) {
+                    const int64_t off = off0 + t * stride;
+                    const __m512 pt = _mm512_set1_ps(pw[t]);
+                    for (int64_t c = 0; c < nv; c++)
+                        av[c] = _mm512_fmadd_ps(pt, load16(a, a->v_cache, off + 16 * c), av[c]);
+                }
+                for (int64_t c = 0; c < nv; c++) _mm512_storeu_ps(ag + 16 * c, av[c]);
+            }
         }
-        for (int64_t c = 0; c < nv; c++) _mm512_storeu_ps(o + g * a->head_dim + 16 * c, acc[c]);
+    }
+    for (int64_t g = 0; g < group; g++) {
+        const __m512 inv = _mm512_set1_ps(1.f / l[g]);
+        for (int64_t c = 0; c < nv; c++)
+            _mm512_storeu_ps(o + g * hd + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(acc + g * hd + 16 * c), inv));
     }
 }
 
 static void attend_avx512(const Args *a, const int64_t *blocks, int64_t len, int64_t kh,
-                          const float *qh, int64_t group, float *scores, float *o) {
+                          const float *qh, int64_t group, float *state, float *o) {
     const int64_t nv = a->head_dim / 16;
-    if (nv == 4) {
-        scores_avx512(a, blocks, len, kh, qh, group, scores, 4);
-        softmax_rows(scores, group, a->max_seq_len, len);
-        weighted_v_avx512(a, blocks, len, kh, group, scores, o, 4);
-    } else if (nv == 8) {
-        scores_avx512(a, blocks, len, kh, qh, group, scores, 8);
-        softmax_rows(scores, group, a->max_seq_len, len);
-        weighted_v_avx512(a, blocks, len, kh, group, scores, o, 8);
-    } else {
-        scores_avx512(a, blocks, len, kh, qh, group, scores, nv);
-        softmax_rows(scores, group, a->max_seq_len, len);
-        weighted_v_avx512(a, blocks, len, kh, group, scores, o, nv);
-    }
+    if (nv == 4)
+        attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, 4);
+    else if (nv == 8)
+        attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, 8);
+    else
+        attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, nv);
 }
 #endif
 
 static void scores_plain(const Args *a, const int64_t *blocks, int64_t len, int64_t kh,
                          const float *qh, int64_t group, float *scores) {
-    for (int64_t j = 0; j < len; j++) {
-        const int64_t off = token_offset(a, blocks, j, kh);
-        for (int64_t g = 0; g < group; g++) {
-            const float *qg = qh + g * a->head_dim;
-            float s = 0.f;
-            for (int64_t d = 0; d < a->head_dim; d++) s += qg[d] * load_at(a, a->k_cache, off + d);
-            scores[g * a->max_seq_len + j] = s * a->scale;
+    const int64_t bs = a->block_size, stride = a->kv_heads * a->head_dim;
+    for (int64_t start = 0, b = 0; start < len; start += bs, b++) {
+        const int64_t base = block_offset(a, blocks, b, kh), n = min64(bs, len - start);
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t off = base + t * stride;
+            for (int64_t g = 0; g < group; g++) {
+                const float *qg = qh + g * a->head_dim;
+                float s = 0.f;
+                for (int64_t d = 0; d < a->head_dim; d++)
+                    s += qg[d] * load_at(a, a->k_cache, off + d);
+                scores[g * a->max_seq_len + start + t] = s * a->scale;
+            }
         }
     }
 }
 
 static void weighted_v_plain(const Args *a, const int64_t *blocks, int64_t len, int64_t kh,
                              int64_t group, const float *scores, float *o) {
+    const int64_t bs = a->block_size, stride = a->kv_heads * a->head_dim;
     memset(o, 0, sizeof(float) * group * a->head_dim);
-    for (int64_t j = 0; j < len; j++) {
-        const int64_t off = token_offset(a, blocks, j, kh);
-        for (int64_t g = 0; g < group; g++) {
-            const float p = scores[g * a->max_seq_len + j];
-            float *og = o + g * a->head_dim;
-            for (int64_t d = 0; d < a->head_dim; d++) og[d] += p * load_at(a, a->v_cache, off + d);
+    for (int64_t start = 0, b = 0; start < len; start += bs, b++) {
+        const int64_t base = block_offset(a, blocks, b, kh), n = min64(bs, len - start);
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t off = base + t * stride;
+            for (int64_t g = 0; g < group; g++) {
+                const float p = scores[g * a->max_seq_len + start + t];
+                float *og = o + g * a->head_dim;
+                for (int64_t d = 0; d < a->head_dim; d++)
+                    og[d] += p * load_at(a, a->v_cache, off + d);
+            }
         }
     }
 }
@@ -185,7 +253,10 @@ static int paged_decode(const Args *a, int64_t rows) {
     int failed = 0;
 #pragma omp parallel
     {
-        float *scores = malloc(sizeof(float) * group * (a->max_seq_len > 0 ? a->max_seq_len : 1));
+        /* the plain path's scores, or the vector path's running max, sum and accumulators */
+        const int64_t scratch = vectorised ? group * (2 + a->head_dim)
+                                           : group * (a->max_seq_len > 0 ? a->max_seq_len : 1);
+        float *scores = malloc(sizeof(float) * scratch);
         if (!scores) {
 #pragma omp atomic write
             failed = 1;
