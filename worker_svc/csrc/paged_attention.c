@@ -85,8 +85,9 @@ static void softmax_rows(float *scores, int64_t group, int64_t stride, int64_t l
 }
 
 #if defined(__AVX512F__)
-static inline __m512 load16(const Args *a, const void *cache, int64_t off) {
-    if (a->bf16) {
+static inline __attribute__((always_inline)) __m512 load16(const int bf16, const void *cache,
+                                                          int64_t off) {
+    if (bf16) {
         __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)cache + off));
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
@@ -136,7 +137,7 @@ static inline __m512 hsum16(const __m512 *v) {
  * pass a constant (4: head_dim 64, 8: 128): loops unroll and accumulators stay in registers. */
 static inline __attribute__((always_inline)) void attend_avx512_nv(
     const Args *a, const int64_t *blocks, int64_t len, int64_t kh, const float *qh, int64_t group,
-    float *state, float *o, const int64_t nv) {
+    float *state, float *o, const int64_t nv, const int bf16) {
     const int64_t bs = a->block_size, stride = a->kv_heads * a->head_dim, hd = a->head_dim;
     const int64_t nblocks = (len + bs - 1) / bs;
     float *m = state, *l = state + group, *acc = state + 2 * group; /* acc: [group][head_dim] */
@@ -156,16 +157,26 @@ static inline __attribute__((always_inline)) void attend_avx512_nv(
             for (int64_t g = 0; g < group; g++) {
                 __m512 qv[MAX_VECS], dots[16];
                 for (int64_t c = 0; c < nv; c++) qv[c] = _mm512_loadu_ps(qh + g * hd + 16 * c);
-                for (int64_t t = 0; t < 16; t++) {
-                    if (t >= n) {
-                        dots[t] = _mm512_setzero_ps();
-                        continue;
+                if (n == 16) { /* the usual case: no per-token test, the loop unrolls */
+                    for (int64_t t = 0; t < 16; t++) {
+                        const int64_t off = off0 + t * stride;
+                        __m512 d = _mm512_mul_ps(qv[0], load16(bf16, a->k_cache, off));
+                        for (int64_t c = 1; c < nv; c++)
+                            d = _mm512_fmadd_ps(qv[c], load16(bf16, a->k_cache, off + 16 * c), d);
+                        dots[t] = d;
                     }
-                    const int64_t off = off0 + t * stride;
-                    __m512 d = _mm512_mul_ps(qv[0], load16(a, a->k_cache, off));
-                    for (int64_t c = 1; c < nv; c++)
-                        d = _mm512_fmadd_ps(qv[c], load16(a, a->k_cache, off + 16 * c), d);
-                    dots[t] = d;
+                } else {
+                    for (int64_t t = 0; t < 16; t++) {
+                        if (t >= n) {
+                            dots[t] = _mm512_setzero_ps();
+                            continue;
+                        }
+                        const int64_t off = off0 + t * stride;
+                        __m512 d = _mm512_mul_ps(qv[0], load16(bf16, a->k_cache, off));
+                        for (int64_t c = 1; c < nv; c++)
+                            d = _mm512_fmadd_ps(qv[c], load16(bf16, a->k_cache, off + 16 * c), d);
+                        dots[t] = d;
+                    }
                 }
                 const __m512 s = _mm512_mul_ps(hsum16(dots), scale);
                 const float m_new = fmaxf(m[g], _mm512_mask_reduce_max_ps(valid, s));
@@ -183,7 +194,7 @@ static inline __attribute__((always_inline)) void attend_avx512_nv(
                     const int64_t off = off0 + t * stride;
                     const __m512 pt = _mm512_set1_ps(pw[t]);
                     for (int64_t c = 0; c < nv; c++)
-                        av[c] = _mm512_fmadd_ps(pt, load16(a, a->v_cache, off + 16 * c), av[c]);
+                        av[c] = _mm512_fmadd_ps(pt, load16(bf16, a->v_cache, off + 16 * c), av[c]);
                 }
                 for (int64_t c = 0; c < nv; c++) _mm512_storeu_ps(ag + 16 * c, av[c]);
             }
@@ -199,12 +210,19 @@ static inline __attribute__((always_inline)) void attend_avx512_nv(
 static void attend_avx512(const Args *a, const int64_t *blocks, int64_t len, int64_t kh,
                           const float *qh, int64_t group, float *state, float *o) {
     const int64_t nv = a->head_dim / 16;
-    if (nv == 4)
-        attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, 4);
+    if (a->bf16) {
+        if (nv == 4)
+            attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, 4, 1);
+        else if (nv == 8)
+            attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, 8, 1);
+        else
+            attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, nv, 1);
+    } else if (nv == 4)
+        attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, 4, 0);
     else if (nv == 8)
-        attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, 8);
+        attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, 8, 0);
     else
-        attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, nv);
+        attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, nv, 0);
 }
 #endif
 
