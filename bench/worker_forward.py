@@ -63,6 +63,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--gemm-batch", type=int, default=64, help="decode rows for the gemm section")
     p.add_argument("--compile", action="store_true", help="the runner with --compile")
     p.add_argument("--no-native-attention", action="store_true", help="torch attention path")
+    p.add_argument("--w64-repeats", type=int, default=1, help="W64 runs; the median is kept")
     p.add_argument("--no-optimize-linears", action="store_true", help="nn.Linear as loaded")
     p.add_argument(
         "--no-keep-freed-memory", action="store_true", help="glibc malloc's default thresholds"
@@ -365,8 +366,13 @@ def main() -> int:
         hf = AutoModelForCausalLM.from_pretrained(model_dir(runner.source), dtype=dtype)
         hf = hf.to(runner.device).eval()
     with torch.inference_mode():
-        if "w64" in args.sections:
-            results["w64"] = run_w64(runner, prompts, max_tokens, args.max_num_batched_tokens)
+        if "w64" in args.sections:  # the median of --w64-repeats runs (this VM is noisy)
+            runs = [
+                run_w64(runner, prompts, max_tokens, args.max_num_batched_tokens)
+                for _ in range(args.w64_repeats)
+            ]
+            results["w64"] = sorted(runs, key=lambda x: x["tok_s"])[len(runs) // 2]
+            results["w64"]["runs_tok_s"] = [x["tok_s"] for x in runs]
         if "decode" in args.sections:
             grid = [(b, c) for c in args.decode_contexts for b in args.decode_batches]
             results["decode"] = [
@@ -413,6 +419,8 @@ def report(r: dict) -> None:
     if "w64" in r:
         x = r["w64"]
         detail = f"{x['tokens']} tok in {x['time_s']:.1f} s, {x['steps']} steps"
+        if len(x.get("runs_tok_s", [])) > 1:
+            detail += "; median of " + ", ".join(f"{v:.1f}" for v in x["runs_tok_s"])
         table.add_row(f"runner W{r['prompts']}", f"{w64:.1f}", detail, "1.0×")
     names = {
         "hf": "HF generate one-by-one",

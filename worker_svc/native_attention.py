@@ -4,42 +4,26 @@ Built with the system C compiler on first use into `cache_dir()/kernels/` (a fil
 hash of the source, the flags and the CPU's flags, so a change or another machine rebuilds), and
 loaded with ctypes: plain pointers in, no torch headers, about a second to build. OpenMP comes
 from the libgomp torch already loaded, so the kernel shares torch's threads. Where there is no
-compiler or the build fails, `load()` returns None and attention keeps the torch path.
+compiler, a portable build shipped with the package is used (worker_svc/kernel_build.py; the
+worker image has one per x86-64 level); where there is neither, `load()` returns None and
+attention keeps the torch path.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import platform
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
 from common.model_source import cache_dir
+from worker_svc import kernel_build
 
 log = logging.getLogger("splitserve.worker.native_attention")
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
-# No -ffast-math: it links crtfastmath.o, which turns on flush-to-zero for the whole process
-# that loads the library. The reassociation the plain loops need comes alone.
-CFLAGS = [
-    "-O3",
-    "-march=native",
-    "-fno-math-errno",
-    "-fno-trapping-math",
-    "-fassociative-math",
-    "-fno-signed-zeros",
-    "-fopenmp",
-    "-fPIC",
-    "-shared",
-    "-std=c11",
-]
 _I64, _F32 = ctypes.c_int64, ctypes.c_float
 _P = ctypes.c_void_p
 # q, k_cache, v_cache, block_table, its row stride, seq_lens, out, rows, heads, kv_heads,
@@ -129,7 +113,8 @@ class PagedDecodeKernel:
 
 
 def load() -> PagedDecodeKernel | None:
-    """The kernel, built if needed; None where it cannot be built here (logged once)."""
+    """The kernel: built for this CPU if needed (or found built in the cache), else the best
+    prebuilt portable one this CPU runs; None where there is neither (logged once)."""
     global _loaded, _tried
     if _tried:
         return _loaded
@@ -137,49 +122,23 @@ def load() -> PagedDecodeKernel | None:
     if os.environ.get("SPLITSERVE_NATIVE_ATTENTION", "1") == "0":
         return None
     try:
-        path = _build()
-        _loaded = PagedDecodeKernel(ctypes.CDLL(str(path)), path)
+        path = kernel_build.native_build(cache_dir() / "kernels")
     except (OSError, subprocess.CalledProcessError, RuntimeError) as exc:
+        path = _prebuilt()
+        if path is None:
+            log.warning("native paged attention unavailable (%s); using the torch path", exc)
+            return None
+        log.info("no native build (%s); using the prebuilt %s", exc, path.name)
+    try:
+        _loaded = PagedDecodeKernel(ctypes.CDLL(str(path)), path)
+    except OSError as exc:
         log.warning("native paged attention unavailable (%s); using the torch path", exc)
-        _loaded = None
     return _loaded
 
 
-def _build() -> Path:
-    """The kernel's shared library in the cache, compiled first if it is not there. The name
-    hashes the source, the flags and the CPU's features (not the compiler's path), so a worker
-    without a compiler still loads one built for this CPU into a shared cache directory."""
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(
-        source + " ".join(CFLAGS).encode() + _cpu_signature().encode()
-    ).hexdigest()[:16]
-    out_dir = cache_dir() / "kernels"
-    path = out_dir / f"paged_attention-{key}.so"
-    if path.exists():
-        return path
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
-        raise RuntimeError(f"no C compiler found and no prebuilt {path}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        tmp_path = Path(tmp) / path.name
-        subprocess.run(
-            [compiler, *CFLAGS, str(SOURCE), "-o", str(tmp_path), "-lm"],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        os.replace(tmp_path, path)  # atomic: concurrent workers never load a partial file
-    log.info("built native paged attention: %s", path)
-    return path
-
-
-def _cpu_signature() -> str:
-    """-march=native code is only valid on CPUs with the same features."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+def _prebuilt() -> Path | None:
+    """A portable library shipped beside the package (the worker image's, built on the host by
+    docker/build-images.sh), or in $SPLITSERVE_PREBUILT_KERNELS."""
+    directory = Path(os.environ.get("SPLITSERVE_PREBUILT_KERNELS") or kernel_build.PREBUILT_DIR)
+    flags = set(kernel_build.cpu_flags_line().split(":", 1)[-1].split())
+    return kernel_build.find_prebuilt(directory, flags)

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from worker_svc import native_attention  # noqa: E402
+from worker_svc import kernel_build, native_attention  # noqa: E402
 from worker_svc.attention import METADATA_KWARG, build_metadata, paged_attention_forward  # noqa: E402
 
 NATIVE = native_attention.load()
@@ -145,9 +145,8 @@ def test_native_write_kv_matches_index_copy(dtype, transposed):
 
 
 def test_native_kernel_build_cache_and_fallback(tmp_path, monkeypatch):
-    """Built once into the cache; found there again by a worker without a compiler; without
-    either, load() answers None (attention keeps the torch path) instead of failing."""
     monkeypatch.setenv("SPLITSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("SPLITSERVE_PREBUILT_KERNELS", str(tmp_path / "none-prebuilt"))
     monkeypatch.setattr(native_attention, "_tried", False)
     monkeypatch.setattr(native_attention, "_loaded", None)
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
@@ -155,10 +154,45 @@ def test_native_kernel_build_cache_and_fallback(tmp_path, monkeypatch):
     if NATIVE is None:
         return
     monkeypatch.delenv("CC")
-    built = native_attention._build()
+    built = kernel_build.native_build(tmp_path / "kernels")
     assert built.parent == tmp_path / "kernels" and built.exists()
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    assert native_attention._build() == built  # reused, no compiler needed
+    assert kernel_build.native_build(tmp_path / "kernels") == built  # reused, no compiler needed
+
+
+def test_prebuilt_choice_follows_the_cpu_flags(tmp_path):
+    for target, _ in kernel_build.PORTABLE_TARGETS:
+        (tmp_path / kernel_build.prebuilt_name(target)).touch()
+    (tmp_path / "paged_attention-x86-64-v4-0000000000000000.so").touch()  # another source's
+    v4, v3 = (kernel_build.PORTABLE_TARGETS[i][1] for i in (0, 1))
+    best = kernel_build.find_prebuilt(tmp_path, set(v4 | v3))
+    assert best is not None and best.name == kernel_build.prebuilt_name("x86-64-v4")
+    avx2 = kernel_build.find_prebuilt(tmp_path, set(v3) | {"avx512f"})  # not all of v4's
+    assert avx2 is not None and avx2.name == kernel_build.prebuilt_name("x86-64-v3")
+    assert kernel_build.find_prebuilt(tmp_path, {"sse2", "neon"}) is None
+
+
+@pytest.mark.skipif(NATIVE is None, reason="no C compiler")
+def test_worker_without_compiler_loads_a_prebuilt_kernel(tmp_path, monkeypatch):
+    """The worker image's case: no compiler, an empty cache, portable libraries shipped in the
+    package. The one this CPU can run is loaded and computes what the native build does."""
+    prebuilt = kernel_build.prebuild(tmp_path / "prebuilt")
+    assert len(prebuilt) == len(kernel_build.PORTABLE_TARGETS)
+    monkeypatch.setenv("SPLITSERVE_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("SPLITSERVE_PREBUILT_KERNELS", str(tmp_path / "prebuilt"))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setattr(native_attention, "_tried", False)
+    monkeypatch.setattr(native_attention, "_loaded", None)
+    kernel = native_attention.load()
+    assert kernel is not None and kernel.path in prebuilt
+    gen = torch.Generator().manual_seed(3)
+    k_cache, v_cache = (torch.randn(40, 16, 3, 64, generator=gen) for _ in range(2))
+    table = torch.randperm(40, generator=gen)[:30].view(3, 10)
+    lens = torch.tensor([1, 77, 160])
+    q = torch.randn(3, 9, 64, generator=gen)
+    got = kernel(q, k_cache, v_cache, table, lens, 160, 0.125)
+    want = NATIVE(q, k_cache, v_cache, table, lens, 160, 0.125)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.skipif(NATIVE is None, reason="no C compiler")

@@ -1,0 +1,126 @@
+"""Compile the CPU paged-attention kernel (worker_svc/csrc/paged_attention.c): for this CPU
+(-march=native, at a worker's first start) or for portable x86-64 levels ahead of time (images
+without a compiler). Standard library only, so an image build script can run it on the host:
+
+    python3 worker_svc/kernel_build.py --prebuild worker_svc/prebuilt_kernels
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
+PREBUILT_DIR = Path(__file__).with_name("prebuilt_kernels")
+# No -ffast-math: it links crtfastmath.o, which turns on flush-to-zero for the whole process
+# that loads the library. The reassociation the plain loops need comes alone.
+COMMON_FLAGS = [
+    "-O3",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fassociative-math",
+    "-fno-signed-zeros",
+    "-fopenmp",
+    "-fPIC",
+    "-shared",
+    "-std=c11",
+]
+CFLAGS = ["-march=native", *COMMON_FLAGS]
+# x86-64 microarchitecture levels, best first, with the /proc/cpuinfo flags each one needs:
+# v4 compiles the AVX-512 path, v3 the plain loops vectorised for AVX2.
+PORTABLE_TARGETS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("x86-64-v4", frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"})),
+    ("x86-64-v3", frozenset({"avx2", "fma", "bmi1", "bmi2", "f16c", "movbe", "abm"})),
+)
+
+
+def source_key() -> str:
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+
+
+def cpu_flags_line() -> str:
+    """-march=native code is only valid on CPUs with the same features."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def compile_to(path: Path, flags: list[str]) -> Path:
+    """Compile SOURCE into `path` (atomically: concurrent workers never load a partial file)."""
+    cc = compiler()
+    if not cc:
+        raise RuntimeError(f"no C compiler found and no prebuilt {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        tmp_path = Path(tmp) / path.name
+        subprocess.run(
+            [cc, *flags, str(SOURCE), "-o", str(tmp_path), "-lm"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        os.replace(tmp_path, path)
+    return path
+
+
+def native_build(cache: Path) -> Path:
+    """The library for this CPU in `cache`, compiled first if it is not there. The name hashes
+    the source, the flags and the CPU's features (not the compiler's path), so a worker without
+    a compiler still loads one built for this CPU into a shared cache directory."""
+    key = hashlib.sha256(
+        SOURCE.read_bytes() + " ".join(CFLAGS).encode() + cpu_flags_line().encode()
+    ).hexdigest()[:16]
+    path = cache / f"paged_attention-{key}.so"
+    return path if path.exists() else compile_to(path, CFLAGS)
+
+
+def prebuilt_name(target: str) -> str:
+    return f"paged_attention-{target}-{source_key()}.so"
+
+
+def prebuild(out_dir: Path) -> list[Path]:
+    """One library per portable target for this source (old ones of other sources removed)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    keep = {prebuilt_name(target) for target, _ in PORTABLE_TARGETS}
+    for old in out_dir.glob("paged_attention-*.so"):
+        if old.name not in keep:
+            old.unlink()
+    return [
+        compile_to(out_dir / prebuilt_name(target), [f"-march={target}", *COMMON_FLAGS])
+        for target, _ in PORTABLE_TARGETS
+    ]
+
+
+def find_prebuilt(directory: Path, cpu_flags: set[str]) -> Path | None:
+    """The best prebuilt library of this source that this CPU can run, if any."""
+    for target, needs in PORTABLE_TARGETS:
+        path = directory / prebuilt_name(target)
+        if needs <= cpu_flags and path.exists():
+            return path
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prebuild", type=Path, default=PREBUILT_DIR, metavar="DIR")
+    args = parser.parse_args()
+    for path in prebuild(args.prebuild):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
