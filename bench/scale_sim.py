@@ -168,6 +168,9 @@ async def run_point(n_workers: int, args, progress) -> dict:
             "workers_cpu_pct": (
                 None if wcpu0 is None or wcpu1 is None else 100 * (wcpu1 - wcpu0) / wall
             ),
+            # scheduler CPU per request per step, and the request-steps one core of it sustains
+            "sched_us_per_request_step": 1e6 * (cpu1 - cpu0) / max(steps * args.running, 1),
+            "request_steps_per_core_s": steps * args.running / max(cpu1 - cpu0, 1e-9),
             "added_ms_per_step": 1e3 * idle / max(steps, 1),
             "worker_step_ms": 1e3 * busy / max(steps, 1),
             "added_share_pct": 100 * idle / max(idle + busy, 1e-9),
@@ -236,6 +239,7 @@ def main() -> None:
         "tokens/s",
         "sched CPU %",
         "workers CPU %",
+        "µs/request-step",
         "added ms/step",
         "worker ms/step",
         "added share %",
@@ -246,6 +250,7 @@ def main() -> None:
                       f"{r['steps_per_s']:.1f}", f"{r['steps_per_s_per_worker']:.1f}",
                       f"{r['tokens_per_s']:.0f}", f"{r['scheduler_cpu_pct']:.0f}",
                       "-" if r["workers_cpu_pct"] is None else f"{r['workers_cpu_pct']:.0f}",
+                      f"{r['sched_us_per_request_step']:.1f}",
                       f"{r['added_ms_per_step']:.2f}", f"{r['worker_step_ms']:.2f}",
                       f"{r['added_share_pct']:.1f}")  # fmt: skip
     console.print(table)
