@@ -113,6 +113,15 @@ static inline __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+/* q . k for one cached token, as 16 partial sums (reduced 16 tokens at a time by hsum16). */
+static inline __attribute__((always_inline)) __m512 dot_k(const int bf16, const void *k_cache,
+                                                         int64_t off, const __m512 *qv,
+                                                         const int64_t nv) {
+    __m512 d = _mm512_mul_ps(qv[0], load16(bf16, k_cache, off));
+    for (int64_t c = 1; c < nv; c++) d = _mm512_fmadd_ps(qv[c], load16(bf16, k_cache, off + 16 * c), d);
+    return d;
+}
+
 /* The sums of 16 vectors, as the 16 lanes of one (lane i = sum of v[i]): a transpose-and-add
  * tree, ~2 shuffles per vector where a reduction per vector costs ~4. */
 static inline __m512 hsum16(const __m512 *v) {
@@ -158,25 +167,12 @@ static inline __attribute__((always_inline)) void attend_avx512_nv(
                 __m512 qv[MAX_VECS], dots[16];
                 for (int64_t c = 0; c < nv; c++) qv[c] = _mm512_loadu_ps(qh + g * hd + 16 * c);
                 if (n == 16) { /* the usual case: no per-token test, the loop unrolls */
-                    for (int64_t t = 0; t < 16; t++) {
-                        const int64_t off = off0 + t * stride;
-                        __m512 d = _mm512_mul_ps(qv[0], load16(bf16, a->k_cache, off));
-                        for (int64_t c = 1; c < nv; c++)
-                            d = _mm512_fmadd_ps(qv[c], load16(bf16, a->k_cache, off + 16 * c), d);
-                        dots[t] = d;
-                    }
+                    for (int64_t t = 0; t < 16; t++)
+                        dots[t] = dot_k(bf16, a->k_cache, off0 + t * stride, qv, nv);
                 } else {
-                    for (int64_t t = 0; t < 16; t++) {
-                        if (t >= n) {
-                            dots[t] = _mm512_setzero_ps();
-                            continue;
-                        }
-                        const int64_t off = off0 + t * stride;
-                        __m512 d = _mm512_mul_ps(qv[0], load16(bf16, a->k_cache, off));
-                        for (int64_t c = 1; c < nv; c++)
-                            d = _mm512_fmadd_ps(qv[c], load16(bf16, a->k_cache, off + 16 * c), d);
-                        dots[t] = d;
-                    }
+                    for (int64_t t = 0; t < 16; t++)
+                        dots[t] = t < n ? dot_k(bf16, a->k_cache, off0 + t * stride, qv, nv)
+                                        : _mm512_setzero_ps();
                 }
                 const __m512 s = _mm512_mul_ps(hsum16(dots), scale);
                 const float m_new = fmaxf(m[g], _mm512_mask_reduce_max_ps(valid, s));
@@ -210,19 +206,21 @@ static inline __attribute__((always_inline)) void attend_avx512_nv(
 static void attend_avx512(const Args *a, const int64_t *blocks, int64_t len, int64_t kh,
                           const float *qh, int64_t group, float *state, float *o) {
     const int64_t nv = a->head_dim / 16;
-    if (a->bf16) {
-        if (nv == 4)
-            attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, 4, 1);
-        else if (nv == 8)
-            attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, 8, 1);
-        else
-            attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, nv, 1);
-    } else if (nv == 4)
-        attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, 4, 0);
-    else if (nv == 8)
-        attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, 8, 0);
+/* head size and cache dtype as constants of the inlined body (4: head_dim 64, 8: 128) */
+#define ATTEND_NV(BF16)                                                                   \
+    do {                                                                                  \
+        if (nv == 4)                                                                      \
+            attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, 4, BF16);           \
+        else if (nv == 8)                                                                 \
+            attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, 8, BF16);           \
+        else                                                                              \
+            attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, nv, BF16);          \
+    } while (0)
+    if (a->bf16)
+        ATTEND_NV(1);
     else
-        attend_avx512_nv(a, blocks, len, kh, qh, group, state, o, nv, 0);
+        ATTEND_NV(0);
+#undef ATTEND_NV
 }
 #endif
 
