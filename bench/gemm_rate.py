@@ -15,8 +15,11 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-GEMM_OPS = ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise")  # CPU GEMM kernels
-LINEAR_REPLACEMENTS = ("TransposedLinear", "PackedLinear")  # worker_svc.fast_linear
+from worker_svc import packed_gemm
+
+# CPU GEMM kernels: MKL (aten), oneDNN, worker_svc/packed_gemm.py
+GEMM_OPS = ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise", "splitserve::packed_sgemm")
+LINEAR_REPLACEMENTS = ("TransposedLinear", "PackedLinear", "NativePackedLinear")  # fast_linear
 PEAK_SHAPES = ((2048, 576, 1536), (2048, 1536, 576), (1024, 2048, 2048))
 
 
@@ -31,12 +34,18 @@ def _time(fn: Callable[[], object], seconds: float = 0.5) -> float:
 
 
 def peak_gemm_rate(dtype: torch.dtype, device: torch.device) -> dict:
-    """Best GFLOP/s over a few large GEMM shapes (the weights stored as the runner stores them)."""
+    """Best GFLOP/s over a few large GEMM shapes, by BLAS (`x @ w`) and, in float32 on the CPU
+    where it loads, by the worker's packed kernel: the faster of the two is the machine's rate."""
+    gemm = packed_gemm.load() if dtype == torch.float32 and device.type == "cpu" else None
     rates = {}
     for m, k, n in PEAK_SHAPES:
         x = torch.randn(m, k, device=device).to(dtype)
         w = torch.randn(k, n, device=device).to(dtype)
         rates[f"{m}x{k}x{n}"] = 2 * m * k * n / _time(lambda x=x, w=w: x @ w) / 1e9
+        if gemm is not None:
+            packed = gemm.pack(w.t().contiguous())
+            run = lambda x=x, p=packed, n=n: gemm(x, p, n, None)  # noqa: E731
+            rates[f"{m}x{k}x{n} packed"] = 2 * m * k * n / _time(run) / 1e9
     return {"gflops": max(rates.values()), "shapes": rates}
 
 

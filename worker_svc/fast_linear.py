@@ -1,5 +1,11 @@
 """Faster linear layers for the CPU forward, swapped into the stock Hugging Face model.
 
+In float32, where the native library has its AVX-512 GEMM (worker_svc/packed_gemm.py),
+`NativePackedLinear` keeps the weight only in that kernel's packed layout. Measured over the
+whole model's weights (cold in cache, as in a real step), it beats MKL on the transposed weight
+at every batch size: 8 rows 57 vs 37 GFLOP/s, 64 rows 213 vs 163, 2048 rows 279 vs 261.
+Without it, the MKL path below.
+
 Measured with MKL on this CPU at decode shapes (M = 64 rows): `x @ W_t`, the weight stored
 transposed ([in, out], contiguous), runs 15-25 % faster than `F.linear(x, W)` ([out, in], what
 nn.Linear does); a whole batch-64 decode step of SmolLM2 went from 337 to 293 ms on one thread.
@@ -22,6 +28,8 @@ import logging
 import torch
 from torch import nn
 
+from worker_svc import packed_gemm
+
 log = logging.getLogger("splitserve.worker.fast_linear")
 
 
@@ -42,6 +50,24 @@ class TransposedLinear(nn.Module):
         else:
             out = torch.addmm(self.bias, flat, self.weight_t)
         return out.view(*x.shape[:-1], self.out_features)
+
+
+class NativePackedLinear(nn.Module):
+    def __init__(self, linear: nn.Linear, gemm: packed_gemm.PackedGemm) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self._gemm = gemm
+        packed = gemm.pack(linear.weight.detach().float())
+        self.packed_weight = nn.Parameter(packed, requires_grad=False)
+        bias = linear.bias
+        self.bias = (
+            None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        return self._gemm(x, self.packed_weight, self.out_features, self.bias)
 
 
 PACKED_MAX_ROWS = 256  # above this the per-call layout of oneDNN wins (prefill chunks)
@@ -77,7 +103,10 @@ def packing_available(dtype: torch.dtype) -> bool:
 def optimize_linears(model: nn.Module) -> str:
     """Swap the model's nn.Linear modules in place (CPU); returns what they became."""
     dtype = next(model.parameters()).dtype
-    if dtype == torch.float32:
+    gemm = packed_gemm.load() if dtype == torch.float32 else None
+    if gemm is not None:
+        make, kind = (lambda linear: NativePackedLinear(linear, gemm)), "native-packed"
+    elif dtype == torch.float32:
         make, kind = TransposedLinear, "transposed"
     elif packing_available(dtype):
         make, kind = PackedLinear, "packed"

@@ -1,6 +1,7 @@
-"""Compile the CPU paged-attention kernel (worker_svc/csrc/paged_attention.c): for this CPU
-(-march=native, at a worker's first start) or for portable x86-64 levels ahead of time (images
-without a compiler). Standard library only, so an image build script can run it on the host:
+"""Compile the worker's CPU kernels (worker_svc/csrc/: paged attention, packed GEMM) into one
+library: for this CPU (-march=native, at a worker's first start) or for portable x86-64 levels
+ahead of time (images without a compiler). Standard library only, so an image build script can
+run it on the host:
 
     python3 worker_svc/kernel_build.py --prebuild worker_svc/prebuilt_kernels
 """
@@ -16,7 +17,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
+SOURCES = tuple(
+    Path(__file__).with_name("csrc") / name for name in ("paged_attention.c", "packed_gemm.c")
+)
+LIBRARY_PREFIX = "cpu_kernels"
 PREBUILT_DIR = Path(__file__).with_name("prebuilt_kernels")
 # No -ffast-math: it links crtfastmath.o, which turns on flush-to-zero for the whole process
 # that loads the library. The reassociation the plain loops need comes alone.
@@ -33,15 +37,19 @@ COMMON_FLAGS = [
 ]
 CFLAGS = ["-march=native", *COMMON_FLAGS]
 # x86-64 microarchitecture levels, best first, with the /proc/cpuinfo flags each one needs:
-# v4 compiles the AVX-512 path, v3 the plain loops vectorised for AVX2.
+# v4 compiles the AVX-512 paths, v3 the plain attention loops vectorised for AVX2 (no GEMM).
 PORTABLE_TARGETS: tuple[tuple[str, frozenset[str]], ...] = (
     ("x86-64-v4", frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"})),
     ("x86-64-v3", frozenset({"avx2", "fma", "bmi1", "bmi2", "f16c", "movbe", "abm"})),
 )
 
 
+def source_bytes() -> bytes:
+    return b"".join(source.read_bytes() for source in SOURCES)
+
+
 def source_key() -> str:
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    return hashlib.sha256(source_bytes()).hexdigest()[:16]
 
 
 def cpu_flags_line() -> str:
@@ -60,7 +68,7 @@ def compiler() -> str | None:
 
 
 def compile_to(path: Path, flags: list[str]) -> Path:
-    """Compile SOURCE into `path` (atomically: concurrent workers never load a partial file)."""
+    """Compile SOURCES into `path` (atomically: concurrent workers never load a partial file)."""
     cc = compiler()
     if not cc:
         raise RuntimeError(f"no C compiler found and no prebuilt {path}")
@@ -68,7 +76,7 @@ def compile_to(path: Path, flags: list[str]) -> Path:
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         tmp_path = Path(tmp) / path.name
         subprocess.run(
-            [cc, *flags, str(SOURCE), "-o", str(tmp_path), "-lm"],
+            [cc, *flags, *map(str, SOURCES), "-o", str(tmp_path), "-lm"],
             check=True,
             capture_output=True,
             timeout=120,
@@ -82,21 +90,21 @@ def native_build(cache: Path) -> Path:
     the source, the flags and the CPU's features (not the compiler's path), so a worker without
     a compiler still loads one built for this CPU into a shared cache directory."""
     key = hashlib.sha256(
-        SOURCE.read_bytes() + " ".join(CFLAGS).encode() + cpu_flags_line().encode()
+        source_bytes() + " ".join(CFLAGS).encode() + cpu_flags_line().encode()
     ).hexdigest()[:16]
-    path = cache / f"paged_attention-{key}.so"
+    path = cache / f"{LIBRARY_PREFIX}-{key}.so"
     return path if path.exists() else compile_to(path, CFLAGS)
 
 
 def prebuilt_name(target: str) -> str:
-    return f"paged_attention-{target}-{source_key()}.so"
+    return f"{LIBRARY_PREFIX}-{target}-{source_key()}.so"
 
 
 def prebuild(out_dir: Path) -> list[Path]:
     """One library per portable target for this source (old ones of other sources removed)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     keep = {prebuilt_name(target) for target, _ in PORTABLE_TARGETS}
-    for old in out_dir.glob("paged_attention-*.so"):
+    for old in out_dir.glob("*.so"):
         if old.name not in keep:
             old.unlink()
     return [

@@ -1,4 +1,5 @@
 """The CPU paged decode kernel (worker_svc/csrc/paged_attention.c): build once, load, call.
+The same library carries the packed GEMM (worker_svc/packed_gemm.py wraps it).
 
 Built with the system C compiler on first use into `cache_dir()/kernels/` (a file named after a
 hash of the source, the flags and the CPU's flags, so a change or another machine rebuilds), and
@@ -38,7 +39,7 @@ class PagedDecodeKernel:
     """Decode attention over the paged cache for rows of one query token each."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
-        self.path = path
+        self.lib, self.path = lib, path  # the library also holds the packed GEMM (packed_gemm.py)
         self._fns = {torch.float32: lib.paged_decode_f32, torch.bfloat16: lib.paged_decode_bf16}
         for fn in self._fns.values():
             fn.argtypes = _ARGTYPES

@@ -163,7 +163,8 @@ def test_native_kernel_build_cache_and_fallback(tmp_path, monkeypatch):
 def test_prebuilt_choice_follows_the_cpu_flags(tmp_path):
     for target, _ in kernel_build.PORTABLE_TARGETS:
         (tmp_path / kernel_build.prebuilt_name(target)).touch()
-    (tmp_path / "paged_attention-x86-64-v4-0000000000000000.so").touch()  # another source's
+    older = f"{kernel_build.LIBRARY_PREFIX}-x86-64-v4-0000000000000000.so"  # other sources'
+    (tmp_path / older).touch()
     v4, v3 = (kernel_build.PORTABLE_TARGETS[i][1] for i in (0, 1))
     best = kernel_build.find_prebuilt(tmp_path, set(v4 | v3))
     assert best is not None and best.name == kernel_build.prebuilt_name("x86-64-v4")

@@ -1,0 +1,80 @@
+"""The packed float32 GEMM of worker_svc/csrc/packed_gemm.c: pack a weight once, multiply often.
+
+The kernel lives in the same native library as the paged attention (native_attention.load()
+builds or finds it); it needs AVX-512, and `load()` returns None where the library or that
+path is missing (or SPLITSERVE_NATIVE_GEMM=0), so callers keep MKL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import torch
+from torch.autograd import profiler
+
+from worker_svc import native_attention
+
+_I64, _P = ctypes.c_int64, ctypes.c_void_p
+PROFILE_NAME = "splitserve::packed_sgemm"  # what the torch profiler shows for a call
+
+
+class PackedGemm:
+    def __init__(self, lib: ctypes.CDLL, panel_width: int) -> None:
+        self.panel_width = panel_width
+        self._fn = lib.packed_sgemm
+        # x, M, K, lda, packed, N, bias, y, ldy, threads
+        self._fn.argtypes = [_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _I64]
+        self._fn.restype = ctypes.c_int
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """[out, in] float32 (nn.Linear's layout) -> [panels, in, panel_width], zero-padded."""
+        out_features, in_features = weight.shape
+        width = self.panel_width
+        panels = -(-out_features // width)
+        padded = weight.new_zeros(panels * width, in_features)
+        padded[:out_features] = weight
+        return padded.view(panels, width, in_features).transpose(1, 2).contiguous()
+
+    def __call__(
+        self, x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """x [..., in] float32 -> [..., out_features]."""
+        in_features = packed.shape[1]
+        flat = x.reshape(-1, in_features)
+        if flat.stride(-1) != 1 or flat.dtype != torch.float32:
+            raise ValueError("packed_sgemm takes float32 rows with contiguous features")
+        rows = flat.shape[0]
+        out = torch.empty(rows, out_features, dtype=torch.float32)
+        if rows:
+            if profiler._is_profiler_enabled:  # noqa: SLF001 - only then name the call
+                with torch.profiler.record_function(PROFILE_NAME):
+                    self._run(flat, packed, out, bias)
+            else:
+                self._run(flat, packed, out, bias)
+        return out.view(*x.shape[:-1], out_features)
+
+    def _run(self, flat, packed, out, bias) -> None:
+        self._fn(
+            flat.data_ptr(),
+            flat.shape[0],
+            flat.shape[1],
+            flat.stride(0),
+            packed.data_ptr(),
+            out.shape[1],
+            None if bias is None else bias.data_ptr(),
+            out.data_ptr(),
+            out.stride(0),
+            torch.get_num_threads(),
+        )
+
+
+def load() -> PackedGemm | None:
+    """None where SPLITSERVE_NATIVE_GEMM=0 (to compare with MKL), or the kernel is missing."""
+    if os.environ.get("SPLITSERVE_NATIVE_GEMM", "1") == "0":
+        return None
+    kernel = native_attention.load()
+    if kernel is None or not hasattr(kernel.lib, "packed_sgemm_panel_width"):
+        return None
+    width = int(kernel.lib.packed_sgemm_panel_width())
+    return PackedGemm(kernel.lib, width) if width > 0 else None
