@@ -49,6 +49,11 @@ class ModelRunnerConfig:
         "CPU: float32 linears multiply by transposed weights (faster in MKL); bfloat16 ones "
         "keep a copy packed for oneDNN at decode sizes",
     )
+    fused_ops: bool = _opt(
+        True,
+        "CPU float32: RMSNorm and the SiLU-gated MLP product in one native pass each, for the "
+        "model classes known to use Llama's formulas",
+    )
     keep_freed_memory: bool = _opt(
         True,
         "CPU: glibc malloc keeps freed activations for reuse instead of returning them to "

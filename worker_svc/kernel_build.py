@@ -1,7 +1,7 @@
-"""Compile the worker's CPU kernels (worker_svc/csrc/: paged attention, packed GEMM) into one
-library: for this CPU (-march=native, at a worker's first start) or for portable x86-64 levels
-ahead of time (images without a compiler). Standard library only, so an image build script can
-run it on the host:
+"""Compile the worker's CPU kernels (worker_svc/csrc/: paged attention, packed GEMM, fused
+elementwise ops) into one library: for this CPU (-march=native, at a worker's first start) or
+for portable x86-64 levels ahead of time (images without a compiler). Standard library only, so
+an image build script can run it on the host:
 
     python3 worker_svc/kernel_build.py --prebuild worker_svc/prebuilt_kernels
 """
@@ -17,9 +17,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SOURCES = tuple(
-    Path(__file__).with_name("csrc") / name for name in ("paged_attention.c", "packed_gemm.c")
-)
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = tuple(CSRC / name for name in ("paged_attention.c", "packed_gemm.c", "fused_ops.c"))
+HEADERS = (CSRC / "simd_math.h",)
 LIBRARY_PREFIX = "cpu_kernels"
 PREBUILT_DIR = Path(__file__).with_name("prebuilt_kernels")
 # No -ffast-math: it links crtfastmath.o, which turns on flush-to-zero for the whole process
@@ -45,7 +45,7 @@ PORTABLE_TARGETS: tuple[tuple[str, frozenset[str]], ...] = (
 
 
 def source_bytes() -> bytes:
-    return b"".join(source.read_bytes() for source in SOURCES)
+    return b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS))
 
 
 def source_key() -> str:

@@ -24,6 +24,7 @@ from worker_svc import attention, native_attention
 from worker_svc.compile import compile_model
 from worker_svc.config import GiB, ModelRunnerConfig
 from worker_svc.fast_linear import optimize_linears
+from worker_svc.fused_ops import fuse_elementwise
 from worker_svc.host_memory import keep_freed_memory
 from worker_svc.input_batch import InputBatch
 from worker_svc.kv_cache import KVCache, bytes_per_block
@@ -71,6 +72,9 @@ class ModelRunner:
         self.linear_kind = "stock"
         if self.device.type == "cpu" and config.optimize_linears:
             self.linear_kind = optimize_linears(self.model)
+        self.fused_modules = 0
+        if self.device.type == "cpu" and config.fused_ops and not config.compile:  # same job
+            self.fused_modules = fuse_elementwise(self.model)
         if config.compile:
             compile_model(self.model)
         self.load_time_s = time.perf_counter() - started

@@ -19,6 +19,8 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+
+#include "simd_math.h"
 #define MAX_VECS 16 /* head_dim up to 256 */
 #endif
 
@@ -92,25 +94,6 @@ static inline __attribute__((always_inline)) __m512 load16(const int bf16, const
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
     return _mm512_loadu_ps((const float *)cache + off);
-}
-
-/* e^x for x <= 0 (softmax arguments): x = n ln2 + r, |r| <= ln2 / 2, a degree-7 Taylor
- * polynomial of e^r (relative error ~1e-9, below float32 rounding), scaled by 2^n. */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-103.0f)); /* e^-103 is 0 in float32 */
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-    __m512 p = _mm512_set1_ps(1.f / 5040.f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-    return _mm512_scalef_ps(p, n);
 }
 
 /* q . k for one cached token, as 16 partial sums (reduced 16 tokens at a time by hsum16). */

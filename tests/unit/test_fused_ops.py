@@ -1,0 +1,93 @@
+"""The native RMSNorm and SiLU-gated MLP product compute what Hugging Face's modules compute,
+and are swapped in only where that is known to hold."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from torch import nn  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm  # noqa: E402
+
+from worker_svc import fused_ops  # noqa: E402
+
+OPS = fused_ops.load()
+needs_ops = pytest.mark.skipif(OPS is None, reason="no AVX-512 native library here")
+
+
+@needs_ops
+@pytest.mark.parametrize("dim", [576, 64, 7, 100])
+@pytest.mark.parametrize("rows", [1, 3, 64, 2048])  # 2048 x 576 runs on both threads
+def test_rms_norm_matches_llama(dim, rows):
+    torch.manual_seed(dim + rows)
+    norm = LlamaRMSNorm(dim, eps=1e-5)
+    norm.weight.data.normal_()
+    x = torch.randn(1, rows, dim) * 3
+    torch.testing.assert_close(fused_ops.NativeRMSNorm(norm, OPS)(x), norm(x), atol=2e-6, rtol=1e-5)
+
+
+@needs_ops
+def test_rms_norm_reads_strided_rows():
+    norm = LlamaRMSNorm(64)
+    x = torch.randn(10, 128)[:, ::2]  # every other feature: copied, not misread
+    torch.testing.assert_close(fused_ops.NativeRMSNorm(norm, OPS)(x), norm(x), atol=2e-6, rtol=1e-5)
+
+
+@needs_ops
+@pytest.mark.parametrize("rows", [1, 5, 300])
+def test_gated_mlp_matches_llama(rows):
+    torch.manual_seed(rows)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=200)  # 200: a tail
+    mlp = LlamaMLP(config)
+    x = torch.randn(1, rows, 64)
+    want = mlp(x)
+    torch.testing.assert_close(fused_ops.NativeGatedMLP(mlp, OPS)(x), want, atol=1e-5, rtol=1e-4)
+
+
+@needs_ops
+def test_silu_mul_over_the_float_range():
+    gate = torch.tensor([-200.0, -90, -50, -1, -1e-3, 0, 1e-3, 1, 50, 90, 200] * 3)
+    up = torch.linspace(-2, 2, gate.numel())
+    want = nn.functional.silu(gate) * up
+    got = OPS.silu_mul_(gate.clone(), up)
+    torch.testing.assert_close(got, want, atol=1e-30, rtol=1e-6)
+
+
+def _tiny_llama(dtype=torch.float32):
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).to(dtype).eval()
+
+
+@needs_ops
+def test_fuse_swaps_every_norm_and_mlp_and_keeps_the_logits():
+    model = _tiny_llama()
+    reference = copy.deepcopy(model)
+    assert fused_ops.fuse_elementwise(model) == 2 * 2 + 1 + 2  # 2 norms a layer, final, MLPs
+    kinds = {type(m).__name__ for m in model.modules()}
+    assert "LlamaRMSNorm" not in kinds and "LlamaMLP" not in kinds
+    ids = torch.randint(0, 128, (1, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_fuse_leaves_other_formulas_dtypes_and_the_switch_alone(monkeypatch):
+    class GemmaRMSNorm(nn.Module):  # x * (1 + weight): not Llama's formula
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.zeros(8))
+            self.variance_epsilon = 1e-6
+
+    model = nn.Sequential(GemmaRMSNorm(), nn.Linear(8, 8))
+    assert fused_ops.fuse_elementwise(model) == 0
+    assert fused_ops.fuse_elementwise(_tiny_llama(torch.bfloat16)) == 0
+    monkeypatch.setenv("SPLITSERVE_FUSED_OPS", "0")
+    assert fused_ops.load() is None
+    assert fused_ops.fuse_elementwise(_tiny_llama()) == 0
