@@ -46,8 +46,8 @@ class ModelRunnerConfig:
     )
     optimize_linears: bool = _opt(
         True,
-        "CPU: float32 linears multiply by transposed weights (faster in MKL); bfloat16 ones "
-        "keep a copy packed for oneDNN at decode sizes",
+        "CPU: float32 linears run the native packed GEMM (AVX-512; else MKL on transposed "
+        "weights); bfloat16 ones keep a copy packed for oneDNN at decode sizes",
     )
     fused_ops: bool = _opt(
         True,
