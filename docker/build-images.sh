@@ -19,8 +19,9 @@ if [[ "${WHEELHOUSE:-1}" != 0 ]]; then
     docker/wheelhouse.sh
 fi
 
-# The worker image has no C compiler: ship the CPU attention kernel prebuilt for portable x86-64
-# levels (the worker picks the best its CPU runs; without one it takes the torch path).
+# The worker image has no C compiler: ship the CPU kernels (attention, GEMM, fused ops) prebuilt
+# for portable x86-64 levels (the worker picks the best its CPU runs; without one it takes the
+# torch and MKL paths).
 if [[ "$(uname -m)" == x86_64 ]] && command -v "${CC:-cc}" >/dev/null 2>&1; then
     python3 worker_svc/kernel_build.py --prebuild worker_svc/prebuilt_kernels
 else
