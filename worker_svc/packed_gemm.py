@@ -26,6 +26,12 @@ class PackedGemm:
         # x, M, K, lda, packed, N, bias, y, ldy, threads
         self._fn.argtypes = [_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _I64]
         self._fn.restype = ctypes.c_int
+        self._elapsed = lib.packed_sgemm_elapsed_ns
+        self._elapsed.restype = ctypes.c_int64
+
+    def elapsed_s(self) -> float:
+        """Wall time spent in the kernel since the library loaded (every caller in the process)."""
+        return self._elapsed() / 1e9
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         """[out, in] float32 (nn.Linear's layout) -> [panels, in, panel_width], zero-padded."""

@@ -12,12 +12,26 @@
  * Every output is bias + sum over k in order 0..K-1 (one FMA chain), whatever M or the row's
  * place in the batch: a row's result does not depend on what it is batched with.
  */
+#define _POSIX_C_SOURCE 199309L /* clock_gettime */
 #include <stdint.h>
+#include <time.h>
 
 #define NV 3             /* 16-float vectors per panel row */
 #define NR (16 * NV)     /* panel width: 48 columns */
 #define MR 8             /* rows per register tile: 8 x 3 accumulators */
 #define MC 192           /* rows per block; a block's rows stay in L2 while panels stream */
+
+/* Wall time spent inside packed_sgemm since load, for measuring the linear layers' FLOP/s
+ * without a profiler (whose per-call bookkeeping is larger than a decode-sized GEMM's noise). */
+static int64_t elapsed_ns;
+
+int64_t packed_sgemm_elapsed_ns(void) { return __atomic_load_n(&elapsed_ns, __ATOMIC_RELAXED); }
+
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 int packed_sgemm_panel_width(void) {
 #if defined(__AVX512F__)
@@ -105,6 +119,7 @@ int packed_sgemm(const float *x, int64_t M, int64_t K, int64_t lda, const float 
                  int64_t N, const float *bias, float *y, int64_t ldy, int64_t num_threads) {
     const int64_t panels = (N + NR - 1) / NR, row_blocks = (M + MC - 1) / MC;
     const int64_t items = panels * row_blocks, panel_lines = K * NR * 4 / 64;
+    const int64_t started = now_ns();
     if (num_threads < 1) num_threads = 1;
     if (num_threads > items) num_threads = items;
 #pragma omp parallel num_threads(num_threads)
@@ -154,6 +169,7 @@ int packed_sgemm(const float *x, int64_t M, int64_t K, int64_t lda, const float 
             }
         }
     }
+    __atomic_fetch_add(&elapsed_ns, now_ns() - started, __ATOMIC_RELAXED);
     return 0;
 }
 #else
