@@ -51,8 +51,8 @@ class ModelRunnerConfig:
     )
     fused_ops: bool = _opt(
         True,
-        "CPU float32: RMSNorm and the SiLU-gated MLP product in one native pass each, for the "
-        "model classes known to use Llama's formulas",
+        "CPU float32 / bfloat16: RMSNorm and the SiLU-gated MLP product in one native pass "
+        "each, for the model classes known to use Llama's formulas",
     )
     keep_freed_memory: bool = _opt(
         True,

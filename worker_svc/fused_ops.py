@@ -3,8 +3,9 @@ fused_ops.c), swapped into the stock Hugging Face model as modules, as fast_line
 linears: the decoder layer's own forward code is untouched.
 
 Swapped only where the math is known to be the same: the RMSNorm and MLP classes listed below
-(Llama's formulas; Gemma's `1 + weight` norm, for one, is not among them), float32, on the CPU,
-with the native library built with AVX-512. `SPLITSERVE_FUSED_OPS=0` keeps torch's ops.
+(Llama's formulas; Gemma's `1 + weight` norm, for one, is not among them), float32 or bfloat16
+(rounded where torch's bfloat16 ops round), on the CPU, with the native library built with
+AVX-512. `SPLITSERVE_FUSED_OPS=0` keeps torch's ops.
 """
 
 from __future__ import annotations
@@ -29,23 +30,31 @@ GATED_MLP_CLASSES = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"}
 SILU_CLASSES = frozenset({"SiLU", "SiLUActivation"})
 
 
+DTYPES = (torch.float32, torch.bfloat16)
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
 class FusedOps:
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self._rms_norm = lib.rms_norm_f32
-        self._rms_norm.argtypes = [_P, _I64, _I64, _I64, _P, ctypes.c_float, _P, _I64, _I64]
-        self._rms_norm.restype = ctypes.c_int
-        self._silu_mul = lib.silu_mul_f32
-        self._silu_mul.argtypes = [_P, _P, _P, _I64, _I64]
-        self._silu_mul.restype = ctypes.c_int
+        self._rms_norms, self._silu_muls = {}, {}
+        for dtype, suffix in _SUFFIX.items():
+            norm = getattr(lib, f"rms_norm_{suffix}")
+            norm.argtypes = [_P, _I64, _I64, _I64, _P, ctypes.c_float, _P, _I64, _I64]
+            norm.restype = ctypes.c_int
+            silu_mul = getattr(lib, f"silu_mul_{suffix}")
+            silu_mul.argtypes = [_P, _P, _P, _I64, _I64]
+            silu_mul.restype = ctypes.c_int
+            self._rms_norms[dtype], self._silu_muls[dtype] = norm, silu_mul
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """x and weight of one dtype in DTYPES (the caller checks)."""
         dim = x.shape[-1]
         flat = x.reshape(-1, dim)
         if flat.stride(-1) != 1:
             flat = flat.contiguous()
-        out = torch.empty(flat.shape, dtype=torch.float32)
+        out = torch.empty(flat.shape, dtype=x.dtype)
         with _named("splitserve::rms_norm"):
-            self._rms_norm(
+            self._rms_norms[x.dtype](
                 flat.data_ptr(), flat.shape[0], dim, flat.stride(0), weight.data_ptr(), eps,
                 out.data_ptr(), dim, torch.get_num_threads(),
             )  # fmt: skip
@@ -54,7 +63,7 @@ class FusedOps:
     def silu_mul_(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         """gate <- silu(gate) * up (both contiguous, same shape); returns gate."""
         with _named("splitserve::silu_mul"):
-            self._silu_mul(
+            self._silu_muls[gate.dtype](
                 gate.data_ptr(), up.data_ptr(), gate.data_ptr(), gate.numel(),
                 torch.get_num_threads(),
             )  # fmt: skip
@@ -80,12 +89,21 @@ def _named(name: str):
 class NativeRMSNorm(nn.Module):
     def __init__(self, norm: nn.Module, ops: FusedOps) -> None:
         super().__init__()
-        self.weight = nn.Parameter(norm.weight.detach().float().contiguous(), requires_grad=False)
+        self.weight = nn.Parameter(norm.weight.detach().contiguous(), requires_grad=False)
         self.variance_epsilon = float(norm.variance_epsilon)
         self._ops = ops
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if hidden_states.dtype != self.weight.dtype:  # not in the runner: HF's promotion rules
+            return _stock_rms_norm(hidden_states, self.weight, self.variance_epsilon)
         return self._ops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+
+def _stock_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm formula in torch ops (for inputs of another dtype than the weight)."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
 
 
 class NativeGatedMLP(nn.Module):
@@ -98,6 +116,8 @@ class NativeGatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_proj(x).contiguous(), self.up_proj(x).contiguous()
+        if gate.dtype not in DTYPES or up.dtype != gate.dtype:
+            return self.down_proj(nn.functional.silu(gate) * up)
         return self.down_proj(self._ops.silu_mul_(gate, up))
 
 
@@ -105,17 +125,20 @@ def load() -> FusedOps | None:
     if os.environ.get("SPLITSERVE_FUSED_OPS", "1") == "0":
         return None
     kernel = native_attention.load()
-    if kernel is None or not hasattr(kernel.lib, "rms_norm_f32"):
+    if kernel is None or not hasattr(kernel.lib, "rms_norm_bf16"):
         return None
     probe = torch.ones(1, 16)
     ops = FusedOps(kernel.lib)
-    rc = ops._rms_norm(probe.data_ptr(), 1, 16, 16, probe.data_ptr(), 0.0, probe.data_ptr(), 16, 1)
+    rc = ops._rms_norms[torch.float32](
+        probe.data_ptr(), 1, 16, 16, probe.data_ptr(), 0.0, probe.data_ptr(), 16, 1
+    )
     return ops if rc == 0 else None  # -1: built without AVX-512
 
 
 def fuse_elementwise(model: nn.Module) -> int:
-    """Swap the known RMSNorm and SiLU-gated MLP modules (float32, CPU); returns how many."""
-    if next(model.parameters()).dtype != torch.float32:
+    """Swap the known RMSNorm and SiLU-gated MLP modules (float32 or bfloat16, CPU); returns
+    how many."""
+    if next(model.parameters()).dtype not in DTYPES:
         return 0
     ops = load()
     if ops is None:

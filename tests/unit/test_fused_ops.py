@@ -31,6 +31,38 @@ def test_rms_norm_matches_llama(dim, rows):
 
 
 @needs_ops
+@pytest.mark.parametrize("dim", [576, 7, 100])
+@pytest.mark.parametrize("rows", [1, 64, 2048])
+def test_rms_norm_is_bit_identical_in_bf16(dim, rows):
+    """bfloat16 rounds where torch's bfloat16 ops round: the same bits, not just close."""
+    torch.manual_seed(dim * rows)
+    norm = LlamaRMSNorm(dim, eps=1e-5)
+    norm.weight.data.normal_()
+    norm = norm.to(torch.bfloat16)
+    x = (torch.randn(1, rows, dim) * 3).to(torch.bfloat16)
+    got = fused_ops.NativeRMSNorm(norm, OPS)(x)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, norm(x))
+
+
+@needs_ops
+@pytest.mark.parametrize("rows", [1, 5, 300])
+def test_gated_mlp_is_bit_identical_in_bf16(rows):
+    torch.manual_seed(rows)
+    mlp = LlamaMLP(transformers.LlamaConfig(hidden_size=64, intermediate_size=200))
+    mlp = mlp.to(torch.bfloat16)
+    x = torch.randn(1, rows, 64).to(torch.bfloat16)
+    assert torch.equal(fused_ops.NativeGatedMLP(mlp, OPS)(x), mlp(x))
+
+
+@needs_ops
+def test_rms_norm_of_another_dtype_than_its_weight_follows_hf():
+    norm = LlamaRMSNorm(64).to(torch.bfloat16)
+    x = torch.randn(3, 64)  # float32 input, bfloat16 weight: HF promotes to float32
+    got = fused_ops.NativeRMSNorm(norm, OPS)(x)
+    assert got.dtype == torch.float32 and torch.equal(got, norm(x))
+
+
+@needs_ops
 def test_rms_norm_reads_strided_rows():
     norm = LlamaRMSNorm(64)
     x = torch.randn(10, 128)[:, ::2]  # every other feature: copied, not misread
@@ -67,15 +99,20 @@ def _tiny_llama(dtype=torch.float32):
 
 
 @needs_ops
-def test_fuse_swaps_every_norm_and_mlp_and_keeps_the_logits():
-    model = _tiny_llama()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fuse_swaps_every_norm_and_mlp_and_keeps_the_logits(dtype):
+    model = _tiny_llama(dtype)
     reference = copy.deepcopy(model)
     assert fused_ops.fuse_elementwise(model) == 2 * 2 + 1 + 2  # 2 norms a layer, final, MLPs
     kinds = {type(m).__name__ for m in model.modules()}
     assert "LlamaRMSNorm" not in kinds and "LlamaMLP" not in kinds
     ids = torch.randint(0, 128, (1, 12))
     with torch.no_grad():
-        torch.testing.assert_close(model(ids).logits, reference(ids).logits, atol=1e-4, rtol=1e-4)
+        got, want = model(ids).logits, reference(ids).logits
+    if dtype == torch.bfloat16:
+        assert torch.equal(got, want)
+    else:
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
 def test_fuse_leaves_other_formulas_dtypes_and_the_switch_alone(monkeypatch):
@@ -87,7 +124,7 @@ def test_fuse_leaves_other_formulas_dtypes_and_the_switch_alone(monkeypatch):
 
     model = nn.Sequential(GemmaRMSNorm(), nn.Linear(8, 8))
     assert fused_ops.fuse_elementwise(model) == 0
-    assert fused_ops.fuse_elementwise(_tiny_llama(torch.bfloat16)) == 0
+    assert fused_ops.fuse_elementwise(_tiny_llama(torch.float16)) == 0
     monkeypatch.setenv("SPLITSERVE_FUSED_OPS", "0")
     assert fused_ops.load() is None
     assert fused_ops.fuse_elementwise(_tiny_llama()) == 0

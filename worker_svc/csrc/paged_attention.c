@@ -89,10 +89,7 @@ static void softmax_rows(float *scores, int64_t group, int64_t stride, int64_t l
 #if defined(__AVX512F__)
 static inline __attribute__((always_inline)) __m512 load16(const int bf16, const void *cache,
                                                           int64_t off) {
-    if (bf16) {
-        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)cache + off));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
+    if (bf16) return load_bf16x16((const uint16_t *)cache + off);
     return _mm512_loadu_ps((const float *)cache + off);
 }
 

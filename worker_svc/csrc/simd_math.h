@@ -2,6 +2,7 @@
 #ifndef SPLITSERVE_SIMD_MATH_H
 #define SPLITSERVE_SIMD_MATH_H
 #include <immintrin.h>
+#include <stdint.h>
 
 /* e^x, x clamped to [-103, 88.7] (0 and ~3.3e38 at the ends): x = n ln2 + r, |r| <= ln2 / 2,
  * a degree-7 Taylor polynomial of e^r (relative error ~1e-9, below float32 rounding), scaled
@@ -22,6 +23,31 @@ static inline __m512 exp512(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
     return _mm512_scalef_ps(p, n);
+}
+
+/* 16 bfloat16 values (any alignment) as float32: the bf16 bits are the float's high half. */
+static inline __m512 load_bf16x16(const uint16_t *p) {
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline __m512 maskz_load_bf16x16(__mmask16 mask, const uint16_t *p) {
+    const __m256i h = _mm256_maskz_loadu_epi16(mask, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* float32 -> bfloat16 rounding to nearest even, as torch's conversion does (NaN inputs are not
+ * expected here). Integer arithmetic only: no AVX-512 BF16 instructions needed. */
+static inline __m256i round_to_bf16x16(__m512 v) {
+    __m512i bits = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    bits = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16));
+}
+
+/* a float32 value as it is after a round trip through bfloat16 */
+static inline __m512 through_bf16(__m512 v) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(round_to_bf16x16(v)), 16));
 }
 
 #endif
