@@ -1,4 +1,4 @@
-"""One-pass float32 RMSNorm and SiLU-gated MLP product for the CPU forward (worker_svc/csrc/
+"""One-pass RMSNorm and SiLU-gated MLP product for the CPU forward (worker_svc/csrc/
 fused_ops.c), swapped into the stock Hugging Face model as modules, as fast_linear does for the
 linears: the decoder layer's own forward code is untouched.
 
@@ -16,9 +16,9 @@ import os
 
 import torch
 from torch import nn
-from torch.autograd import profiler
 
 from worker_svc import native_attention
+from worker_svc.packed_gemm import profiled_range
 
 log = logging.getLogger("splitserve.worker.fused_ops")
 
@@ -28,8 +28,6 @@ RMS_NORM_CLASSES = frozenset(
 )
 GATED_MLP_CLASSES = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
 SILU_CLASSES = frozenset({"SiLU", "SiLUActivation"})
-
-
 DTYPES = (torch.float32, torch.bfloat16)
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
@@ -53,7 +51,7 @@ class FusedOps:
         if flat.stride(-1) != 1:
             flat = flat.contiguous()
         out = torch.empty(flat.shape, dtype=x.dtype)
-        with _named("splitserve::rms_norm"):
+        with profiled_range("splitserve::rms_norm"):
             self._rms_norms[x.dtype](
                 flat.data_ptr(), flat.shape[0], dim, flat.stride(0), weight.data_ptr(), eps,
                 out.data_ptr(), dim, torch.get_num_threads(),
@@ -62,28 +60,12 @@ class FusedOps:
 
     def silu_mul_(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         """gate <- silu(gate) * up (both contiguous, same shape); returns gate."""
-        with _named("splitserve::silu_mul"):
+        with profiled_range("splitserve::silu_mul"):
             self._silu_muls[gate.dtype](
                 gate.data_ptr(), up.data_ptr(), gate.data_ptr(), gate.numel(),
                 torch.get_num_threads(),
             )  # fmt: skip
         return gate
-
-
-class _Unnamed:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-
-_UNNAMED = _Unnamed()
-
-
-def _named(name: str):
-    """A profiler range only while the profiler runs (record_function costs a dispatch)."""
-    return torch.profiler.record_function(name) if profiler._is_profiler_enabled else _UNNAMED  # noqa: SLF001
 
 
 class NativeRMSNorm(nn.Module):

@@ -7,6 +7,7 @@ path is missing (or SPLITSERVE_NATIVE_GEMM=0), so callers keep MKL.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 
@@ -17,6 +18,13 @@ from worker_svc import native_attention
 
 _I64, _P = ctypes.c_int64, ctypes.c_void_p
 PROFILE_NAME = "splitserve::packed_sgemm"  # what the torch profiler shows for a call
+_NO_RANGE = contextlib.nullcontext()
+
+
+def profiled_range(name: str):
+    """A named torch profiler range around a native call, only while the profiler runs
+    (record_function costs a dispatch per call otherwise)."""
+    return torch.profiler.record_function(name) if profiler._is_profiler_enabled else _NO_RANGE  # noqa: SLF001
 
 
 class PackedGemm:
@@ -53,10 +61,7 @@ class PackedGemm:
         rows = flat.shape[0]
         out = torch.empty(rows, out_features, dtype=torch.float32)
         if rows:
-            if profiler._is_profiler_enabled:  # noqa: SLF001 - only then name the call
-                with torch.profiler.record_function(PROFILE_NAME):
-                    self._run(flat, packed, out, bias)
-            else:
+            with profiled_range(PROFILE_NAME):
                 self._run(flat, packed, out, bias)
         return out.view(*x.shape[:-1], out_features)
 
