@@ -25,7 +25,7 @@ fi
 if [[ "$(uname -m)" == x86_64 ]] && command -v "${CC:-cc}" >/dev/null 2>&1; then
     python3 worker_svc/kernel_build.py --prebuild worker_svc/prebuilt_kernels
 else
-    echo "no C compiler on this host: the worker image gets no prebuilt attention kernel" >&2
+    echo "no C compiler on this host: the worker image gets no prebuilt CPU kernels" >&2
 fi
 
 for service in scheduler worker; do
