@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 
 import torch
 from torch import nn
@@ -104,17 +103,8 @@ class NativeGatedMLP(nn.Module):
 
 
 def load() -> FusedOps | None:
-    if os.environ.get("SPLITSERVE_FUSED_OPS", "1") == "0":
-        return None
-    kernel = native_attention.load()
-    if kernel is None or not hasattr(kernel.lib, "rms_norm_bf16"):
-        return None
-    probe = torch.ones(1, 16)
-    ops = FusedOps(kernel.lib)
-    rc = ops._rms_norms[torch.float32](
-        probe.data_ptr(), 1, 16, 16, probe.data_ptr(), 0.0, probe.data_ptr(), 16, 1
-    )
-    return ops if rc == 0 else None  # -1: built without AVX-512
+    lib = native_attention.library_with("fused_ops_available", "SPLITSERVE_FUSED_OPS")
+    return FusedOps(lib) if lib is not None and lib.fused_ops_available() else None
 
 
 def fuse_elementwise(model: nn.Module) -> int:

@@ -137,6 +137,17 @@ def load() -> PagedDecodeKernel | None:
     return _loaded
 
 
+def library_with(symbol: str, switch: str) -> ctypes.CDLL | None:
+    """The native library, for the other kernels it carries: None where it is unavailable,
+    lacks `symbol`, or the environment variable `switch` is "0"."""
+    if os.environ.get(switch, "1") == "0":
+        return None
+    kernel = load()
+    if kernel is None or not hasattr(kernel.lib, symbol):
+        return None
+    return kernel.lib
+
+
 def _prebuilt() -> Path | None:
     """A portable library shipped beside the package (the worker image's, built on the host by
     docker/build-images.sh), or in $SPLITSERVE_PREBUILT_KERNELS."""

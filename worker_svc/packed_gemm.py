@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 
 import torch
 from torch.autograd import profiler
@@ -82,10 +81,8 @@ class PackedGemm:
 
 def load() -> PackedGemm | None:
     """None where SPLITSERVE_NATIVE_GEMM=0 (to compare with MKL), or the kernel is missing."""
-    if os.environ.get("SPLITSERVE_NATIVE_GEMM", "1") == "0":
+    lib = native_attention.library_with("packed_sgemm_panel_width", "SPLITSERVE_NATIVE_GEMM")
+    if lib is None:
         return None
-    kernel = native_attention.load()
-    if kernel is None or not hasattr(kernel.lib, "packed_sgemm_panel_width"):
-        return None
-    width = int(kernel.lib.packed_sgemm_panel_width())
-    return PackedGemm(kernel.lib, width) if width > 0 else None
+    width = int(lib.packed_sgemm_panel_width())
+    return PackedGemm(lib, width) if width > 0 else None

@@ -1,4 +1,4 @@
-/* float32 elementwise steps of a decoder layer in one pass each (the CPU forward's RMSNorm and
+/* Elementwise steps of a decoder layer in one pass each (the CPU forward's RMSNorm and
  * SiLU-gated MLP product). Each replaces a chain of torch ops: RMSNorm is six (to, pow, mean,
  * add, rsqrt, mul, mul), each reading and writing the whole activation, and at prefill sizes
  * (2048 x 576 floats, larger than L2) each of those passes goes to memory.
@@ -8,7 +8,8 @@
  * The _bf16 versions take and give bfloat16 and round where torch's bfloat16 ops round: the
  * norm is computed in float32 and rounded before and after the weight multiply, the SiLU is
  * rounded before the product.
- * All return -1 where built without AVX-512 (the caller keeps torch's ops).
+ * They exist only where built with AVX-512; fused_ops_available() says which (0: the caller
+ * keeps torch's ops).
  */
 #include <math.h>
 #include <stdint.h>
@@ -20,124 +21,85 @@
 
 #include "simd_math.h"
 
-int rms_norm_f32(const float *x, int64_t rows, int64_t dim, int64_t x_stride, const float *weight,
-                 float eps, float *out, int64_t out_stride, int64_t num_threads) {
+int fused_ops_available(void) { return 1; }
+
+static inline __mmask16 first_lanes(int64_t n) {
+    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+}
+
+/* 16 values at p (the first `m` lanes) as float32, for either element type */
+static inline __attribute__((always_inline)) __m512 load_lanes(const int bf16, const void *p,
+                                                          int64_t i, __mmask16 m) {
+    return bf16 ? maskz_load_bf16x16(m, (const uint16_t *)p + i)
+                : _mm512_maskz_loadu_ps(m, (const float *)p + i);
+}
+
+static inline __attribute__((always_inline)) void store_lanes(const int bf16, void *p, int64_t i,
+                                                         __mmask16 m, __m512 v) {
+    if (bf16)
+        _mm256_mask_storeu_epi16((uint16_t *)p + i, m, round_to_bf16x16(v));
+    else
+        _mm512_mask_storeu_ps((float *)p + i, m, v);
+}
+
+/* in bfloat16, the value torch holds after an op's result is stored */
+static inline __attribute__((always_inline)) __m512 as_stored(const int bf16, __m512 v) {
+    return bf16 ? through_bf16(v) : v;
+}
+
+static inline __attribute__((always_inline)) void rms_norm(const int bf16, const void *x,
+                                                          int64_t rows, int64_t dim,
+                                                          int64_t x_stride, const void *weight,
+                                                          float eps, void *out,
+                                                          int64_t out_stride,
+                                                          int64_t num_threads) {
 #pragma omp parallel for schedule(static) num_threads(num_threads) \
     if (rows * dim >= PARALLEL_MIN_FLOATS && num_threads > 1)
     for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * x_stride;
-        float *o = out + r * out_stride;
-        __m512 acc = _mm512_setzero_ps();
-        int64_t d = 0;
-        for (; d + 16 <= dim; d += 16) {
-            const __m512 v = _mm512_loadu_ps(xr + d);
-            acc = _mm512_fmadd_ps(v, v, acc);
-        }
-        const __mmask16 tail = (__mmask16)((1u << (dim - d)) - 1);
-        if (tail) {
-            const __m512 v = _mm512_maskz_loadu_ps(tail, xr + d);
-            acc = _mm512_fmadd_ps(v, v, acc);
-        }
-        const float inv = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)dim + eps);
-        const __m512 scale = _mm512_set1_ps(inv);
-        for (d = 0; d + 16 <= dim; d += 16) {
-            const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(xr + d), scale);
-            _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(weight + d), v));
-        }
-        if (tail) {
-            const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, xr + d), scale);
-            _mm512_mask_storeu_ps(o + d, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, weight + d), v));
-        }
-    }
-    return 0;
-}
-
-static inline __m512 silu16(__m512 g) {
-    const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
-    return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-}
-
-static inline __m512 silu_mul16(__m512 g, __m512 u) { return _mm512_mul_ps(silu16(g), u); }
-
-int rms_norm_bf16(const uint16_t *x, int64_t rows, int64_t dim, int64_t x_stride,
-                  const uint16_t *weight, float eps, uint16_t *out, int64_t out_stride,
-                  int64_t num_threads) {
-#pragma omp parallel for schedule(static) num_threads(num_threads) \
-    if (rows * dim >= PARALLEL_MIN_FLOATS && num_threads > 1)
-    for (int64_t r = 0; r < rows; r++) {
-        const uint16_t *xr = x + r * x_stride;
-        uint16_t *o = out + r * out_stride;
         __m512 acc = _mm512_setzero_ps();
         for (int64_t d = 0; d < dim; d += 16) {
-            const __mmask16 m = dim - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (dim - d)) - 1);
-            const __m512 v = maskz_load_bf16x16(m, xr + d);
+            const __m512 v = load_lanes(bf16, x, r * x_stride + d, first_lanes(dim - d));
             acc = _mm512_fmadd_ps(v, v, acc);
         }
         const __m512 scale =
             _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)dim + eps));
         for (int64_t d = 0; d < dim; d += 16) {
-            const __mmask16 m = dim - d >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (dim - d)) - 1);
-            const __m512 h = through_bf16(_mm512_mul_ps(maskz_load_bf16x16(m, xr + d), scale));
-            const __m512 y = _mm512_mul_ps(maskz_load_bf16x16(m, weight + d), h);
-            _mm256_mask_storeu_epi16(o + d, m, round_to_bf16x16(y));
+            const __mmask16 m = first_lanes(dim - d);
+            const __m512 h = as_stored(bf16, _mm512_mul_ps(load_lanes(bf16, x, r * x_stride + d, m), scale));
+            store_lanes(bf16, out, r * out_stride + d, m, _mm512_mul_ps(load_lanes(bf16, weight, d, m), h));
         }
     }
-    return 0;
 }
 
-int silu_mul_bf16(const uint16_t *gate, const uint16_t *up, uint16_t *out, int64_t n,
-                  int64_t num_threads) {
+static inline __attribute__((always_inline)) void silu_mul(const int bf16, const void *gate,
+                                                          const void *up, void *out, int64_t n,
+                                                          int64_t num_threads) {
     const int64_t chunks = (n + 15) / 16;
 #pragma omp parallel for schedule(static) num_threads(num_threads) \
     if (n >= PARALLEL_MIN_FLOATS && num_threads > 1)
     for (int64_t i = 0; i < chunks; i++) {
-        const int64_t left = n - 16 * i;
-        const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-        const __m512 s = through_bf16(silu16(maskz_load_bf16x16(m, gate + 16 * i)));
-        const __m512 y = _mm512_mul_ps(s, maskz_load_bf16x16(m, up + 16 * i));
-        _mm256_mask_storeu_epi16(out + 16 * i, m, round_to_bf16x16(y));
+        const __mmask16 m = first_lanes(n - 16 * i);
+        const __m512 g = load_lanes(bf16, gate, 16 * i, m);
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        const __m512 s = as_stored(bf16, _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+        store_lanes(bf16, out, 16 * i, m, _mm512_mul_ps(s, load_lanes(bf16, up, 16 * i, m)));
     }
-    return 0;
 }
 
-int silu_mul_f32(const float *gate, const float *up, float *out, int64_t n, int64_t num_threads) {
-    const int64_t vectors = n / 16;
-#pragma omp parallel for schedule(static) num_threads(num_threads) \
-    if (n >= PARALLEL_MIN_FLOATS && num_threads > 1)
-    for (int64_t i = 0; i < vectors; i++)
-        _mm512_storeu_ps(out + 16 * i,
-                         silu_mul16(_mm512_loadu_ps(gate + 16 * i), _mm512_loadu_ps(up + 16 * i)));
-    const __mmask16 tail = (__mmask16)((1u << (n - 16 * vectors)) - 1);
-    if (tail)
-        _mm512_mask_storeu_ps(out + 16 * vectors, tail,
-                              silu_mul16(_mm512_maskz_loadu_ps(tail, gate + 16 * vectors),
-                                         _mm512_maskz_loadu_ps(tail, up + 16 * vectors)));
-    return 0;
-}
+#define DEFINE_ENTRIES(SUFFIX, T, IS_BF16)                                                   \
+    int rms_norm_##SUFFIX(const T *x, int64_t rows, int64_t dim, int64_t x_stride,           \
+                          const T *weight, float eps, T *out, int64_t out_stride,            \
+                          int64_t num_threads) {                                             \
+        rms_norm(IS_BF16, x, rows, dim, x_stride, weight, eps, out, out_stride, num_threads); \
+        return 0;                                                                            \
+    }                                                                                        \
+    int silu_mul_##SUFFIX(const T *gate, const T *up, T *out, int64_t n, int64_t num_threads) { \
+        silu_mul(IS_BF16, gate, up, out, n, num_threads);                                    \
+        return 0;                                                                            \
+    }
+
+DEFINE_ENTRIES(f32, float, 0)
+DEFINE_ENTRIES(bf16, uint16_t, 1)
 #else
-int rms_norm_f32(const float *x, int64_t rows, int64_t dim, int64_t x_stride, const float *weight,
-                 float eps, float *out, int64_t out_stride, int64_t num_threads) {
-    (void)x, (void)rows, (void)dim, (void)x_stride, (void)weight, (void)eps, (void)out;
-    (void)out_stride, (void)num_threads;
-    return -1;
-}
-
-int silu_mul_f32(const float *gate, const float *up, float *out, int64_t n, int64_t num_threads) {
-    (void)gate, (void)up, (void)out, (void)n, (void)num_threads;
-    return -1;
-}
-
-int rms_norm_bf16(const uint16_t *x, int64_t rows, int64_t dim, int64_t x_stride,
-                  const uint16_t *weight, float eps, uint16_t *out, int64_t out_stride,
-                  int64_t num_threads) {
-    (void)x, (void)rows, (void)dim, (void)x_stride, (void)weight, (void)eps, (void)out;
-    (void)out_stride, (void)num_threads;
-    return -1;
-}
-
-int silu_mul_bf16(const uint16_t *gate, const uint16_t *up, uint16_t *out, int64_t n,
-                  int64_t num_threads) {
-    (void)gate, (void)up, (void)out, (void)n, (void)num_threads;
-    return -1;
-}
+int fused_ops_available(void) { return 0; }
 #endif
