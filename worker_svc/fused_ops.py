@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import sys
 
 import torch
 from torch import nn
@@ -26,6 +27,10 @@ RMS_NORM_CLASSES = frozenset(
     {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Phi3RMSNorm"}
 )
 GATED_MLP_CLASSES = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
+# attention classes whose modeling module applies rotary in Llama's rotate-half form
+ROTARY_CLASSES = frozenset(
+    {"LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention"}
+)
 SILU_CLASSES = frozenset({"SiLU", "SiLUActivation"})
 DTYPES = (torch.float32, torch.bfloat16)
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -33,7 +38,7 @@ _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 class FusedOps:
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self._rms_norms, self._silu_muls = {}, {}
+        self._rms_norms, self._silu_muls, self._rotaries = {}, {}, {}
         for dtype, suffix in _SUFFIX.items():
             norm = getattr(lib, f"rms_norm_{suffix}")
             norm.argtypes = [_P, _I64, _I64, _I64, _P, ctypes.c_float, _P, _I64, _I64]
@@ -42,6 +47,10 @@ class FusedOps:
             silu_mul.argtypes = [_P, _P, _P, _I64, _I64]
             silu_mul.restype = ctypes.c_int
             self._rms_norms[dtype], self._silu_muls[dtype] = norm, silu_mul
+            rotary = getattr(lib, f"rotary_{suffix}")
+            rotary.argtypes = [_P, _P, *[_I64] * 7, _P, _P, _I64, _I64]
+            rotary.restype = ctypes.c_int
+            self._rotaries[dtype] = rotary
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """x and weight of one dtype in DTYPES (the caller checks)."""
@@ -65,6 +74,92 @@ class FusedOps:
                 torch.get_num_threads(),
             )  # fmt: skip
         return gate
+
+    def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [1, heads, T, head_dim] (any strides, head_dim contiguous) rotated by cos/sin
+        [1, T, head_dim]; the result laid out [T, heads, head_dim] in memory (as the
+        projections' views are), in x's shape."""
+        _, heads, tokens, head_dim = x.shape
+        out = torch.empty((1, tokens, heads, head_dim), dtype=x.dtype).transpose(1, 2)
+        with profiled_range("splitserve::rotary"):
+            self._rotaries[x.dtype](
+                x.data_ptr(), out.data_ptr(), tokens, heads, head_dim, x.stride(2), x.stride(1),
+                out.stride(2), out.stride(1), cos.data_ptr(), sin.data_ptr(), cos.stride(1),
+                torch.get_num_threads(),
+            )  # fmt: skip
+        return out
+
+
+class NativeRotary:
+    """A modeling module's `apply_rotary_pos_emb(q, k, cos, sin)` (Llama's rotate-half form),
+    native for the runner's packed batch on the CPU and the stock function for anything else.
+    Installed in the module (the attention forward looks the name up at each call), as the
+    stock function is: float32 results are the same bits, so other users of the module in the
+    process see no difference."""
+
+    def __init__(self, stock, ops: FusedOps) -> None:
+        self.stock = stock
+        self._ops = ops
+        self.enabled = True
+
+    def __call__(self, q, k, cos, sin, *args, **kwargs):
+        if args or kwargs or not self.enabled or not _rotary_applies(q, k, cos, sin):
+            return self.stock(q, k, cos, sin, *args, **kwargs)
+        return self._ops.rotary(q, cos, sin), self._ops.rotary(k, cos, sin)
+
+
+def _rotary_applies(q, k, cos, sin) -> bool:
+    dtype = q.dtype
+    if dtype not in DTYPES or q.device.type != "cpu" or q.dim() != 4 or q.shape[0] != 1:
+        return False
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return False
+    tokens, head_dim = q.shape[2], q.shape[3]
+    return (
+        head_dim % 32 == 0
+        and k.dim() == 4
+        and k.shape[0] == 1
+        and k.shape[2:] == q.shape[2:]
+        and k.dtype == cos.dtype == sin.dtype == dtype
+        and k.device.type == "cpu"
+        and cos.shape == sin.shape == (1, tokens, head_dim)
+        and cos.stride() == sin.stride()
+        and cos.stride(-1) == q.stride(-1) == k.stride(-1) == 1
+    )
+
+
+def install_rotary(model: nn.Module, ops: FusedOps) -> int:
+    """Put NativeRotary in the modeling modules of the model's known attention classes, where
+    it gives the stock function's results on a probe (float32 bit for bit, bfloat16 as well);
+    returns how many modules use it."""
+    installed = 0
+    for name in {type(m).__module__ for m in model.modules() if type(m).__name__ in ROTARY_CLASSES}:
+        module = sys.modules.get(name)
+        stock = getattr(module, "apply_rotary_pos_emb", None)
+        if stock is None:
+            continue
+        if isinstance(stock, NativeRotary):
+            stock.enabled = True
+        elif _same_as_stock(NativeRotary(stock, ops), stock):
+            module.apply_rotary_pos_emb = NativeRotary(stock, ops)
+        else:
+            log.warning("%s.apply_rotary_pos_emb differs from the native rotary: kept", name)
+            continue
+        installed += 1
+    return installed
+
+
+def _same_as_stock(native: NativeRotary, stock) -> bool:
+    gen = torch.Generator().manual_seed(0)
+    for dtype in DTYPES:
+        qkv = torch.randn(1, 5, 3, 4, 64, generator=gen).to(dtype)  # [1, T, 3, heads, dim]
+        q, k = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2)
+        angles = torch.randn(1, 5, 64, generator=gen) * 50
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        got, want = native(q, k, cos, sin), stock(q, k, cos, sin)
+        if not all(torch.equal(g, w) for g, w in zip(got, want, strict=True)):
+            return False
+    return True
 
 
 class NativeRMSNorm(nn.Module):
@@ -128,5 +223,6 @@ def fuse_elementwise(model: nn.Module) -> int:
             else:
                 continue
             swapped += 1
-    log.info("%d norm and MLP modules now native", swapped)
+    rotary = install_rotary(model, ops)
+    log.info("%d norm and MLP modules now native; rotary native in %d modules", swapped, rotary)
     return swapped

@@ -134,3 +134,92 @@ def test_fuse_leaves_other_formulas_dtypes_and_the_switch_alone(monkeypatch):
     monkeypatch.setenv("SPLITSERVE_FUSED_OPS", "0")
     assert fused_ops.load() is None
     assert fused_ops.fuse_elementwise(_tiny_llama()) == 0
+
+
+def _stock_rotary():
+    from transformers.models.llama import modeling_llama
+
+    current = modeling_llama.apply_rotary_pos_emb
+    return current.stock if isinstance(current, fused_ops.NativeRotary) else current
+
+
+def _rotary_inputs(tokens, heads, kv_heads, head_dim, dtype, seed=0):
+    """q and k as the attention forward makes them: views of the projections [1, T, h * d]."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, tokens, heads * head_dim, generator=gen).to(dtype)
+    k = torch.randn(1, tokens, kv_heads * head_dim, generator=gen).to(dtype)
+    q = q.view(1, tokens, heads, head_dim).transpose(1, 2)
+    k = k.view(1, tokens, kv_heads, head_dim).transpose(1, 2)
+    angles = torch.arange(tokens)[None, :, None] * torch.rand(1, 1, head_dim, generator=gen) * 3
+    return q, k, angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+@needs_ops
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("tokens", "heads", "kv_heads", "head_dim"),
+    [(1, 9, 3, 64), (7, 9, 3, 64), (2048, 9, 3, 64), (33, 4, 4, 128)],  # 2048: both threads
+)
+def test_rotary_gives_the_stock_functions_bits(dtype, tokens, heads, kv_heads, head_dim):
+    stock = _stock_rotary()
+    q, k, cos, sin = _rotary_inputs(tokens, heads, kv_heads, head_dim, dtype, seed=tokens)
+    got = fused_ops.NativeRotary(stock, OPS)(q, k, cos, sin)
+    want = stock(q, k, cos, sin)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert torch.equal(g, w)  # bit for bit: two rounded products and a rounded sum
+    q_contig = q.contiguous()  # another layout of the same values
+    assert torch.equal(fused_ops.NativeRotary(stock, OPS)(q_contig, k, cos, sin)[0], want[0])
+
+
+@needs_ops
+def test_rotary_hands_what_it_does_not_cover_to_the_stock_function():
+    calls = []
+
+    def stock(*args, **kwargs):
+        calls.append(kwargs)
+        return _stock_rotary()(*args, **kwargs)
+
+    native = fused_ops.NativeRotary(stock, OPS)
+    q, k, cos, sin = _rotary_inputs(5, 4, 2, 64, torch.float32)
+    native(q, k, cos, sin)
+    assert calls == []
+    native(q, k, cos, sin, unsqueeze_dim=1)  # another call form
+    native(*_rotary_inputs(5, 4, 2, 48, torch.float32))  # head_dim 48: half not 16-lane wide
+    native(*_rotary_inputs(5, 4, 2, 64, torch.float16))
+    native(q.detach().requires_grad_(), k, cos, sin)  # autograd needs torch's ops
+    native.enabled = False
+    native(q, k, cos, sin)
+    assert len(calls) == 5
+
+
+@needs_ops
+def test_rotary_is_installed_only_where_the_module_computes_the_same(monkeypatch):
+    import sys
+    import types
+
+    model = _tiny_llama()
+    reference = copy.deepcopy(model)
+    from transformers.models.llama import modeling_llama
+
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", _stock_rotary())
+    assert fused_ops.install_rotary(model, OPS) == 1
+    assert isinstance(modeling_llama.apply_rotary_pos_emb, fused_ops.NativeRotary)
+    ids = torch.randint(0, 128, (1, 12))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference(ids).logits)
+
+    def partial_rotary(q, k, cos, sin, unsqueeze_dim=1):  # rotates only half of each head
+        half = q.shape[-1] // 2
+        rotated = _stock_rotary()(q[..., :half], k[..., :half], cos[..., :half], sin[..., :half])
+        return (
+            torch.cat([rotated[0], q[..., half:]], -1),
+            torch.cat([rotated[1], k[..., half:]], -1),
+        )
+
+    other = types.ModuleType("fake_modeling")
+    other.apply_rotary_pos_emb = partial_rotary
+    other.LlamaAttention = type("LlamaAttention", (nn.Module,), {"__module__": "fake_modeling"})
+    monkeypatch.setitem(sys.modules, "fake_modeling", other)
+    assert fused_ops.install_rotary(nn.Sequential(other.LlamaAttention()), OPS) == 0
+    assert other.apply_rotary_pos_emb is partial_rotary

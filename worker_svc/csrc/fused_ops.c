@@ -8,6 +8,7 @@
  * The _bf16 versions take and give bfloat16 and round where torch's bfloat16 ops round: the
  * norm is computed in float32 and rounded before and after the weight multiply, the SiLU is
  * rounded before the product.
+ * rotary_f32 / rotary_bf16: the rotate-half rotary embedding of q or k (below).
  * They exist only where built with AVX-512; fused_ops_available() says which (0: the caller
  * keeps torch's ops).
  */
@@ -86,6 +87,41 @@ static inline __attribute__((always_inline)) void silu_mul(const int bf16, const
     }
 }
 
+/* Rotary position embedding, rotate-half form (Llama): for each token t and head h,
+ *   out[d]        = x[d] * cos[d]        - x[d + half] * sin[d]
+ *   out[d + half] = x[d + half] * cos[d + half] + x[d] * sin[d + half]     (d < half)
+ * as HF's q * cos + rotate_half(q) * sin: two products and a sum, each rounded (no FMA, so
+ * float32 gives torch's bits; bfloat16 rounds after each op as torch does).
+ * x element (t, h, d) at x[t * x_tok + h * x_head + d]; out likewise; cos/sin at
+ * [t * cs_tok + d]. head_dim even, half a multiple of 16 (the caller checks). */
+static inline __attribute__((always_inline, optimize("fp-contract=off"))) void rotary(
+    const int bf16, const void *x, void *out, int64_t tokens, int64_t heads, int64_t head_dim,
+    int64_t x_tok, int64_t x_head, int64_t out_tok, int64_t out_head, const void *cos,
+    const void *sin, int64_t cs_tok, int64_t num_threads) {
+    const int64_t half = head_dim / 2;
+#pragma omp parallel for schedule(static) num_threads(num_threads) \
+    if (tokens * heads * head_dim >= PARALLEL_MIN_FLOATS && num_threads > 1)
+    for (int64_t t = 0; t < tokens; t++) {
+        for (int64_t d = 0; d < half; d += 16) {
+            const __m512 c_lo = load_lanes(bf16, cos, t * cs_tok + d, 0xFFFF);
+            const __m512 c_hi = load_lanes(bf16, cos, t * cs_tok + half + d, 0xFFFF);
+            const __m512 s_lo = load_lanes(bf16, sin, t * cs_tok + d, 0xFFFF);
+            const __m512 s_hi = load_lanes(bf16, sin, t * cs_tok + half + d, 0xFFFF);
+            for (int64_t h = 0; h < heads; h++) {
+                const int64_t xi = t * x_tok + h * x_head + d, oi = t * out_tok + h * out_head + d;
+                const __m512 lo = load_lanes(bf16, x, xi, 0xFFFF);
+                const __m512 hi = load_lanes(bf16, x, xi + half, 0xFFFF);
+                const __m512 a_lo = as_stored(bf16, _mm512_mul_ps(lo, c_lo));
+                const __m512 b_lo = as_stored(bf16, _mm512_mul_ps(hi, s_lo));
+                const __m512 a_hi = as_stored(bf16, _mm512_mul_ps(hi, c_hi));
+                const __m512 b_hi = as_stored(bf16, _mm512_mul_ps(lo, s_hi));
+                store_lanes(bf16, out, oi, 0xFFFF, _mm512_sub_ps(a_lo, b_lo));
+                store_lanes(bf16, out, oi + half, 0xFFFF, _mm512_add_ps(a_hi, b_hi));
+            }
+        }
+    }
+}
+
 #define DEFINE_ENTRIES(SUFFIX, T, IS_BF16)                                                   \
     int rms_norm_##SUFFIX(const T *x, int64_t rows, int64_t dim, int64_t x_stride,           \
                           const T *weight, float eps, T *out, int64_t out_stride,            \
@@ -95,6 +131,13 @@ static inline __attribute__((always_inline)) void silu_mul(const int bf16, const
     }                                                                                        \
     int silu_mul_##SUFFIX(const T *gate, const T *up, T *out, int64_t n, int64_t num_threads) { \
         silu_mul(IS_BF16, gate, up, out, n, num_threads);                                    \
+        return 0;                                                                            \
+    }                                                                                        \
+    int rotary_##SUFFIX(const T *x, T *out, int64_t tokens, int64_t heads, int64_t head_dim, \
+                        int64_t x_tok, int64_t x_head, int64_t out_tok, int64_t out_head,    \
+                        const T *cos, const T *sin, int64_t cs_tok, int64_t num_threads) {   \
+        rotary(IS_BF16, x, out, tokens, heads, head_dim, x_tok, x_head, out_tok, out_head,  \
+               cos, sin, cs_tok, num_threads);                                               \
         return 0;                                                                            \
     }
 
