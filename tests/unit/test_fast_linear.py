@@ -10,9 +10,11 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 
-from worker_svc import packed_gemm  # noqa: E402
+from worker_svc import amx_gemm, packed_gemm  # noqa: E402
 from worker_svc.fast_linear import (  # noqa: E402
+    AMX_MAX_ROWS,
     PACKED_MAX_ROWS,
+    AmxLinear,
     NativePackedLinear,
     PackedLinear,
     TransposedLinear,
@@ -44,6 +46,10 @@ def test_packed_linear_is_bit_identical_in_bf16(bias, rows):
     assert torch.equal(got, lin(x))
 
 
+AMX = amx_gemm.load()
+needs_amx = pytest.mark.skipif(AMX is None, reason="no AMX-BF16 on this machine")
+
+
 def test_optimize_linears_replaces_every_linear_by_dtype():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 4)))
     native = packed_gemm.load() is not None
@@ -52,9 +58,11 @@ def test_optimize_linears_replaces_every_linear_by_dtype():
     assert "Linear" not in kinds
     assert ("NativePackedLinear" if native else "TransposedLinear") in kinds
     if packing_available(torch.bfloat16):
-        model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4)).to(torch.bfloat16)
-        assert optimize_linears(model) == "packed"
+        model = nn.Sequential(nn.Linear(8, 8), nn.Linear(64, 32)).to(torch.bfloat16)
+        assert optimize_linears(model) == ("amx-packed" if AMX is not None else "packed")
         assert all(type(m) is not nn.Linear for m in model.modules())
+        if AMX is not None:  # 8 x 8 is no whole tile: oneDNN's packed copy
+            assert [type(m).__name__ for m in model] == ["PackedLinear", "AmxLinear"]
 
 
 GEMM = packed_gemm.load()
@@ -124,3 +132,55 @@ def test_packed_gemm_counts_its_own_time():
     wall = time.perf_counter() - start
     spent = GEMM.elapsed_s() - before
     assert 0 < spent <= wall
+
+
+def assert_bf16_sums_match(got: torch.Tensor, x: torch.Tensor, lin: nn.Linear) -> None:
+    """float32 sums rounded once to bfloat16: equal to the float32 reference rounded, but for
+    rare elements one bfloat16 step away (the sums run in another order)."""
+    want = nn.functional.linear(
+        x.float(), lin.weight.float(), None if lin.bias is None else lin.bias.float()
+    )
+    want = want.to(torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    differ = got != want
+    assert differ.sum().item() <= max(2, want.numel() // 2_000)
+    step = want.float().abs().clamp_min(1e-3) * 2.0**-7
+    assert bool(((got.float() - want.float()).abs() <= step)[differ].all())
+
+
+@needs_amx
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize(
+    ("rows", "in_features", "out_features"),
+    [(1, 64, 32), (7, 576, 192), (33, 576, 576), (64, 1536, 576), (100, 576, 1536), (40, 96, 4096)],
+)
+def test_amx_linear_matches_float32_sums_rounded(bias, rows, in_features, out_features):
+    """Row tails (not a multiple of 32), every K depth, wide outputs, with and without bias."""
+    torch.manual_seed(rows + in_features)
+    lin = nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
+    x = torch.randn(1, rows, in_features).to(torch.bfloat16)
+    got = AmxLinear(lin, AMX)(x)
+    assert got.shape == (1, rows, out_features)
+    assert_bf16_sums_match(got, x, lin)
+    # a strided input (every other row of a wider buffer) reads the same rows
+    wide = torch.zeros(rows, 2 * in_features, dtype=torch.bfloat16)
+    wide[:, :in_features] = x[0]
+    assert torch.equal(AmxLinear(lin, AMX)(wide[:, :in_features]), got[0])
+
+
+@needs_amx
+def test_amx_pack_puts_each_tile_in_vnni_order():
+    weight = torch.arange(64 * 96, dtype=torch.float32).view(64, 96).to(torch.bfloat16)
+    packed = AMX.pack(weight)
+    assert packed.shape == (4, 3, 16, 16, 2)
+    # panel 1 (columns 16..31), K slice 2 (k 64..95), pair 5, column 3, element 1: W[19][75]
+    assert packed[1, 2, 5, 3, 1] == weight[19, 75]
+
+
+@needs_amx
+def test_amx_linear_leaves_large_inputs_to_onednn_and_can_be_switched_off(monkeypatch):
+    lin = nn.Linear(64, 32).to(torch.bfloat16)
+    x = torch.randn(AMX_MAX_ROWS + 1, 64).to(torch.bfloat16)
+    assert torch.equal(AmxLinear(lin, AMX)(x), lin(x))
+    monkeypatch.setenv("SPLITSERVE_AMX_GEMM", "0")
+    assert amx_gemm.load() is None
