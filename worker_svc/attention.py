@@ -9,8 +9,10 @@ each layer, then only
   group, so that SDPA reads them while they are still in the CPU cache),
 - runs one SDPA per group of ~8 decode rows (a key-padding mask covers their different lengths)
   and one per prefill chunk (causal; offset-causal when the chunk follows cached tokens).
-On the CPU, when the native kernel (worker_svc.native_attention) is available, all decode rows
-go through it in one call instead: it reads K/V in place through the block table, no gather.
+On the CPU, when the native kernels (worker_svc.native_attention) are available, all decode rows
+go through one call instead, and all prefill chunks through another (causal by position, the
+chunk's own K/V read back from the cache): both read K/V in place through the block table, no
+gather, no mask tensors.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ class AttentionMetadata:
     decode_block_table: torch.Tensor | None = None  # [rows, max_blocks] int64
     decode_seq_lens: torch.Tensor | None = None  # [rows] int64
     decode_max_len: int = 0
+    # native prefill: every chunk after the decodes in one kernel call
+    prefill_block_table: torch.Tensor | None = None  # [chunks, max_blocks] int64
+    prefill_q_start: torch.Tensor | None = None  # [chunks] int64, from the first chunk's token
+    prefill_q_len: torch.Tensor | None = None
+    prefill_cached: torch.Tensor | None = None
 
 
 def paged_attention_forward(
@@ -103,6 +110,18 @@ def paged_attention_forward(
             scaling if scaling is not None else head_dim**-0.5,
         )
         outs.append(o.to(query.dtype))
+    if meta.prefill_q_len is not None:
+        o = kernel.prefill(
+            q[nd:].to(torch.float32).contiguous(),
+            k_cache,
+            v_cache,
+            meta.prefill_block_table,
+            meta.prefill_q_start,
+            meta.prefill_q_len,
+            meta.prefill_cached,
+            scaling if scaling is not None else head_dim**-0.5,
+        )
+        outs.append(o.to(query.dtype))
     for g in meta.groups:
         qg = q[g.q_start : g.q_end].unflatten(0, (g.rows, -1)).transpose(1, 2)  # [r, h, q, d]
         if g.n_blocks:
@@ -140,6 +159,7 @@ def build_metadata(
     dtype: torch.dtype,
     device: torch.device,
     decode_kernel: PagedDecodeKernel | None = None,
+    native_prefill: bool = False,
 ) -> AttentionMetadata:
     """The per-step tensors every layer's attention call shares (built once per step)."""
     groups: list[AttentionGroup] = []
@@ -175,6 +195,17 @@ def build_metadata(
         block_ids = _ids(ids, device)
         groups.append(AttentionGroup(q_start, q_start + rows, rows, n_blocks, block_ids, mask))
         q_start += rows
+    if decode_kernel is not None and native_prefill and num_decodes < len(num_scheduled):
+        n = num_scheduled[num_decodes:].astype(np.int64)
+        c = num_computed[num_decodes:].astype(np.int64)
+        n_blocks = -(-int((c + n).max()) // block_size)
+        meta.prefill_block_table = _ids(block_table[num_decodes:, :n_blocks], device).view(
+            len(n), n_blocks
+        )
+        meta.prefill_q_start = torch.from_numpy(np.cumsum(n) - n)
+        meta.prefill_q_len = torch.from_numpy(np.ascontiguousarray(n))
+        meta.prefill_cached = torch.from_numpy(np.ascontiguousarray(c))
+        return meta
     for r in range(num_decodes, len(num_scheduled)):
         q, c = int(num_scheduled[r]), int(num_computed[r])
         if c == 0:  # nothing cached before this chunk: causal over its own K/V

@@ -19,7 +19,14 @@ from pathlib import Path
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = tuple(
-    CSRC / name for name in ("paged_attention.c", "packed_gemm.c", "fused_ops.c", "amx_gemm.c")
+    CSRC / name
+    for name in (
+        "paged_attention.c",
+        "paged_prefill.c",
+        "packed_gemm.c",
+        "fused_ops.c",
+        "amx_gemm.c",
+    )
 )
 HEADERS = (CSRC / "simd_math.h",)
 LIBRARY_PREFIX = "cpu_kernels"

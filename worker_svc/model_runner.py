@@ -109,11 +109,17 @@ class ModelRunner:
             max_logprobs=config.max_logprobs,
         )
         self.decode_kernel = self._resolve_decode_kernel()
+        self.native_prefill = (
+            self.decode_kernel is not None
+            and self.decode_kernel.supports_prefill(
+                self.kv_cache.key_caches[0], int(mc.num_attention_heads), kv_heads, head_dim
+            )
+        )
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(generator)
         log.info(
             "model %s loaded in %.1f s on %s/%s: %d KV blocks of %d, %d host blocks, "
-            "%s decode attention",
+            "%s decode attention, %s prefill attention",
             self.source.name,
             self.load_time_s,
             self.device,
@@ -122,6 +128,7 @@ class ModelRunner:
             config.block_size,
             num_host,
             "native" if self.decode_kernel else "torch",
+            "native" if self.native_prefill else "SDPA",
         )
 
     # --- what the scheduler needs to know ---
@@ -275,6 +282,7 @@ class ModelRunner:
             dtype=self.dtype,
             device=dev,
             decode_kernel=self.decode_kernel,
+            native_prefill=self.native_prefill,
         )
         return _StepInputs(
             req_ids=req_ids,

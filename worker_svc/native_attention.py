@@ -36,7 +36,8 @@ _tried = False
 
 
 class PagedDecodeKernel:
-    """Decode attention over the paged cache for rows of one query token each."""
+    """Attention over the paged cache: decode rows of one query token each, and (prefill())
+    chunks of many, causal by position."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self.lib, self.path = lib, path  # the library also holds the packed GEMM (packed_gemm.py)
@@ -44,6 +45,17 @@ class PagedDecodeKernel:
         for fn in self._fns.values():
             fn.argtypes = _ARGTYPES
             fn.restype = ctypes.c_int
+        self._prefill_fns = {}
+        if getattr(lib, "paged_prefill_available", None) is not None and (
+            lib.paged_prefill_available() and os.environ.get("SPLITSERVE_NATIVE_PREFILL") != "0"
+        ):
+            self._prefill_fns = {
+                torch.float32: lib.paged_prefill_f32,
+                torch.bfloat16: lib.paged_prefill_bf16,
+            }
+            for fn in self._prefill_fns.values():
+                fn.argtypes = [_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _P] + [_I64] * 4 + [_F32]
+                fn.restype = ctypes.c_int
         self._write_kv = lib.write_kv
         self._write_kv.argtypes = [_P, _P, _P, _P, _P] + [_I64] * 8
         self._write_kv.restype = ctypes.c_int
@@ -75,6 +87,44 @@ class PagedDecodeKernel:
             value.stride(0),
             value.stride(1),
         )
+
+    def supports_prefill(
+        self, cache: torch.Tensor, heads: int, kv_heads: int, head_dim: int
+    ) -> bool:
+        """The prefill kernel: AVX-512 build, head_dim a multiple of 16 up to 256, at most 8
+        query heads per kv head (SPLITSERVE_NATIVE_PREFILL=0: SDPA per chunk instead)."""
+        return (
+            cache.dtype in self._prefill_fns
+            and self.supports(cache)
+            and head_dim % 16 == 0
+            and head_dim <= 256
+            and heads % kv_heads == 0
+            and heads // kv_heads <= 8
+        )
+
+    def prefill(
+        self,
+        q: torch.Tensor,  # [tokens, heads, head_dim], float32, contiguous: the chunks' queries
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_table: torch.Tensor,  # [chunks, >= max blocks] int64, contiguous
+        q_start: torch.Tensor,  # [chunks] int64: first query token of each chunk in q
+        q_len: torch.Tensor,  # [chunks] int64
+        cached: torch.Tensor,  # [chunks] int64: tokens in the cache before each chunk
+        scale: float,
+    ) -> torch.Tensor:
+        """Causal attention of prefill chunks over their requests' cached and new K/V."""
+        _, heads, head_dim = q.shape
+        _, block_size, kv_heads, _ = k_cache.shape
+        out = torch.empty_like(q)
+        rc = self._prefill_fns[k_cache.dtype](
+            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(),
+            block_table.stride(0), q_start.data_ptr(), q_len.data_ptr(), cached.data_ptr(),
+            q_len.numel(), out.data_ptr(), heads, kv_heads, head_dim, block_size, scale,
+        )  # fmt: skip
+        if rc != 0:
+            raise MemoryError("paged prefill attention could not allocate its scratch buffers")
+        return out
 
     def supports(self, cache: torch.Tensor) -> bool:
         return cache.device.type == "cpu" and cache.dtype in self._fns and cache.is_contiguous()

@@ -24,10 +24,12 @@ H, KVH, D, BS, NUM_BLOCKS = 4, 2, 8, 4, 64
 
 
 def reference(q, k, v, offset):
-    """q [n, H, D] at positions offset.., k/v [offset + n, KVH, D]: causal GQA attention."""
-    k = k.repeat_interleave(H // KVH, dim=1)
-    v = v.repeat_interleave(H // KVH, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(D)
+    """q [n, heads, d] at positions offset.., k/v [offset + n, kv_heads, d]: causal GQA
+    attention, in float32."""
+    q, k, v = q.float(), k.float(), v.float()
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
     n, total = q.shape[0], k.shape[0]
     allowed = torch.arange(total)[None, :] <= (offset + torch.arange(n))[:, None]
     scores = scores.masked_fill(~allowed, float("-inf"))
@@ -37,6 +39,18 @@ def reference(q, k, v, offset):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("group_size", [1, 2, 8])
 def test_mixed_batch_matches_reference(group_size, backend):
+    check_mixed_batch(group_size, backend, H, KVH, D)
+
+
+@pytest.mark.skipif(NATIVE is None, reason="no C compiler")
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (8, 1, 48)])
+def test_mixed_batch_with_native_prefill_matches_reference(heads, kv_heads, head_dim):
+    cache = torch.zeros(1, 1, kv_heads, head_dim)
+    assert NATIVE.supports_prefill(cache, heads, kv_heads, head_dim)
+    check_mixed_batch(1, "native-prefill", heads, kv_heads, head_dim)
+
+
+def check_mixed_batch(group_size, backend, H, KVH, D):  # noqa: N803 - the module's names
     rng = random.Random(0)
     gen = torch.Generator().manual_seed(0)
     # (tokens already cached, tokens this step): decodes of various lengths, fresh and
@@ -77,9 +91,11 @@ def test_mixed_batch_matches_reference(group_size, backend):
         slot_mapping=torch.tensor(slots),
         dtype=torch.float32,
         device=torch.device("cpu"),
-        decode_kernel=NATIVE if backend == "native" else None,
+        decode_kernel=NATIVE if backend.startswith("native") else None,
+        native_prefill=backend == "native-prefill",
     )
-    assert meta.num_native_decodes == (len(decodes) if backend == "native" else 0)
+    assert meta.num_native_decodes == (len(decodes) if backend.startswith("native") else 0)
+    assert (meta.prefill_q_len is not None) == (backend == "native-prefill")
     query = torch.cat([d.q for d in packed]).transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
     key = torch.cat([d.k[d.c :] for d in packed]).transpose(0, 1).unsqueeze(0)
     value = torch.cat([d.v[d.c :] for d in packed]).transpose(0, 1).unsqueeze(0)
@@ -123,6 +139,44 @@ def test_native_decode_kernel_matches_sdpa(dtype, heads, kv_heads, head_dim, bs,
             q[r][:, None], k, v, scale=scale, enable_gqa=True
         )[:, 0]
         torch.testing.assert_close(out[r], want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(NATIVE is None, reason="no C compiler")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (8, 8, 128), (8, 1, 48)])
+@pytest.mark.parametrize(("bs", "q_scale"), [(16, 1.0), (8, 1.0), (32, 6.0)])
+def test_native_prefill_kernel_matches_reference(dtype, heads, kv_heads, head_dim, bs, q_scale):
+    """Chunks of every size around the kernel's 16-key slices and 32-query tiles, fresh and
+    after cached tokens, over scattered blocks; sharp scores (q_scale) move the running max
+    (the softmax rescales lazily) from slice to slice."""
+    gen = torch.Generator().manual_seed(2)
+    if not NATIVE.supports_prefill(
+        torch.zeros(1, 1, 1, 16, dtype=dtype), heads, kv_heads, head_dim
+    ):
+        pytest.skip("no AVX-512 prefill kernel here")
+    chunks = [(0, 1), (0, 31), (0, 33), (5, 1), (17, 40), (0, 300), (100, 64), (3, 16)]
+    width = max(-(-(c + n) // bs) for c, n in chunks)
+    num_blocks = len(chunks) * width + 8
+    k_cache = torch.randn(num_blocks, bs, kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks, bs, kv_heads, head_dim, generator=gen).to(dtype)
+    table = torch.randperm(num_blocks, generator=gen)[: len(chunks) * width].view(
+        len(chunks), width
+    )
+    for r, (c, n) in enumerate(chunks):  # slots past a chunk may hold anything: NaN here
+        last, used = table[r, (c + n - 1) // bs], (c + n - 1) % bs + 1
+        k_cache[last, used:] = float("nan")
+        v_cache[last, used:] = float("nan")
+    lens = torch.tensor([n for _, n in chunks])
+    cached = torch.tensor([c for c, _ in chunks])
+    q = torch.randn(int(lens.sum()), heads, head_dim, generator=gen) * q_scale
+    starts = torch.cumsum(lens, 0) - lens
+    out = NATIVE.prefill(q, k_cache, v_cache, table, starts, lens, cached, head_dim**-0.5)
+    tolerance = {"atol": 2e-5, "rtol": 1e-4}
+    for r, (c, n) in enumerate(chunks):
+        k = k_cache[table[r]].flatten(0, 1)[: c + n]
+        v = v_cache[table[r]].flatten(0, 1)[: c + n]
+        want = reference(q[starts[r] : starts[r] + n], k, v, c)
+        torch.testing.assert_close(out[starts[r] : starts[r] + n], want, **tolerance)
 
 
 @pytest.mark.skipif(NATIVE is None, reason="no C compiler")
