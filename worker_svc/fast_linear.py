@@ -115,8 +115,16 @@ class AmxLinear(nn.Module):
             None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         )
 
+    def drop_packed(self) -> None:
+        """Free the packed copy (a fused module computes this layer now); oneDNN from here."""
+        self.packed_weight = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.bfloat16 or x.numel() // self.in_features > AMX_MAX_ROWS:
+        if (
+            x.dtype != torch.bfloat16
+            or self.packed_weight is None
+            or x.numel() // self.in_features > AMX_MAX_ROWS
+        ):
             return nn.functional.linear(x, self.weight, self.bias)
         if x.stride(-1) != 1:
             x = x.contiguous()

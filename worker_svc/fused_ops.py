@@ -2,6 +2,11 @@
 fused_ops.c), swapped into the stock Hugging Face model as modules, as fast_linear does for the
 linears: the decoder layer's own forward code is untouched.
 
+In bfloat16 on a CPU with AMX, where both projections are fast_linear.AmxLinear, the gated MLP
+runs gate, up and the product in one kernel pass (worker_svc/amx_gemm.py; the projections'
+outputs are never written out): W64 bfloat16 686 vs 613 tok/s against oneDNN projections and
+the separate product, decode batch 64 55 vs 64 ms/step.
+
 Swapped only where the math is known to be the same: the RMSNorm and MLP classes listed below
 (Llama's formulas; Gemma's `1 + weight` norm, for one, is not among them), float32 or bfloat16
 (rounded where torch's bfloat16 ops round), on the CPU, with the native library built with
@@ -18,6 +23,7 @@ import torch
 from torch import nn
 
 from worker_svc import native_attention
+from worker_svc.fast_linear import AmxLinear
 from worker_svc.packed_gemm import profiled_range
 
 log = logging.getLogger("splitserve.worker.fused_ops")
@@ -189,8 +195,29 @@ class NativeGatedMLP(nn.Module):
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
         self._ops = ops
+        # bfloat16 on AMX: both projections and the product in one kernel pass
+        self._amx, self.gate_up_packed = None, None
+        gate, up = self.gate_proj, self.up_proj
+        if (
+            isinstance(gate, AmxLinear)
+            and isinstance(up, AmxLinear)
+            and gate.bias is None
+            and up.bias is None
+            and gate.weight.shape == up.weight.shape
+            and gate.out_features % 16 == 0
+        ):
+            packed = gate._gemm.pack_gate_up(gate.weight, up.weight)  # noqa: SLF001
+            self.gate_up_packed = nn.Parameter(packed, requires_grad=False)
+            self._amx = gate._gemm  # noqa: SLF001
+            gate.drop_packed()
+            up.drop_packed()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._amx is not None and x.dtype == torch.bfloat16:
+            if x.stride(-1) != 1:
+                x = x.contiguous()
+            product = self._amx.gate_up_silu(x, self.gate_up_packed, self.gate_proj.out_features)
+            return self.down_proj(product)
         gate, up = self.gate_proj(x).contiguous(), self.up_proj(x).contiguous()
         if gate.dtype not in DTYPES or up.dtype != gate.dtype:
             return self.down_proj(nn.functional.silu(gate) * up)
