@@ -154,6 +154,55 @@ static inline __attribute__((always_inline)) void attend_chunk(
     }
 }
 
+/* attend_chunk for a bfloat16 cache, all G query heads of the kv head together: each K and V
+ * row is converted to float32 once instead of once per query head (the conversions, not the
+ * memory, bounded the bfloat16 kernel). G x NV accumulators must fit the registers (<= 16). */
+static inline __attribute__((always_inline)) void attend_chunk_bf16_group(
+    const Args *a, int64_t off0, int64_t n, const float *qh, float *m, float *l, float *acc,
+    const int G, const int NV) {
+    const int64_t stride = a->kv_heads * a->head_dim, hd = a->head_dim;
+    const __m512 scale = _mm512_set1_ps(a->scale);
+    const __mmask16 valid = n == 16 ? 0xFFFF : (__mmask16)((1u << n) - 1);
+    __m512 dots[G][16];
+    for (int64_t t = 0; t < 16; t++) {
+        if (t >= n) {
+            for (int g = 0; g < G; g++) dots[g][t] = _mm512_setzero_ps();
+            continue;
+        }
+        __m512 k[NV];
+        for (int c = 0; c < NV; c++) k[c] = load16(1, a->k_cache, off0 + t * stride + 16 * c);
+        for (int g = 0; g < G; g++) {
+            __m512 d = _mm512_mul_ps(_mm512_loadu_ps(qh + g * hd), k[0]);
+            for (int c = 1; c < NV; c++) d = _mm512_fmadd_ps(_mm512_loadu_ps(qh + g * hd + 16 * c), k[c], d);
+            dots[g][t] = d;
+        }
+    }
+    float pw[G][16], alpha[G];
+    for (int g = 0; g < G; g++) {
+        const __m512 sc = _mm512_mul_ps(hsum16(dots[g]), scale);
+        const float m_new = fmaxf(m[g], _mm512_mask_reduce_max_ps(valid, sc));
+        alpha[g] = expf(m[g] - m_new); /* 0 on the first chunk (m = -inf) */
+        const __m512 p = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(sc, _mm512_set1_ps(m_new))));
+        m[g] = m_new;
+        l[g] = l[g] * alpha[g] + _mm512_reduce_add_ps(p);
+        _mm512_storeu_ps(pw[g], p);
+    }
+    __m512 av[G][NV];
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < NV; c++)
+            av[g][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * hd + 16 * c), _mm512_set1_ps(alpha[g]));
+    for (int64_t t = 0; t < n; t++) {
+        __m512 v[NV];
+        for (int c = 0; c < NV; c++) v[c] = load16(1, a->v_cache, off0 + t * stride + 16 * c);
+        for (int g = 0; g < G; g++) {
+            const __m512 pt = _mm512_set1_ps(pw[g][t]);
+            for (int c = 0; c < NV; c++) av[g][c] = _mm512_fmadd_ps(pt, v[c], av[g][c]);
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < NV; c++) _mm512_storeu_ps(acc + g * hd + 16 * c, av[g][c]);
+}
+
 /* Blocks sit wherever the block table put them: hardware prefetchers cannot guess the next
  * one, so its K and V (every kv head: two contiguous runs) are fetched by hand while the
  * current one is scored. */
@@ -184,9 +233,17 @@ static inline __attribute__((always_inline)) void attend_row_avx512_nv(
         if (b + 1 < nblocks) prefetch_whole_block(a, blocks, b + 1, min64(bs, len - block_start - bs));
         for (int64_t kh = 0; kh < a->kv_heads; kh++) {
             const int64_t base = block_offset(a, blocks, b, kh), h0 = kh * group;
-            for (int64_t c0 = 0; c0 < block_n; c0 += 16)
-                attend_chunk(a, base + c0 * a->kv_heads * hd, min64(16, block_n - c0),
-                             q + h0 * hd, group, m + h0, l + h0, acc + h0 * hd, nv, bf16);
+            for (int64_t c0 = 0; c0 < block_n; c0 += 16) {
+                const int64_t off = base + c0 * a->kv_heads * hd, n = min64(16, block_n - c0);
+                if (bf16 && nv == 4 && group == 3)
+                    attend_chunk_bf16_group(a, off, n, q + h0 * hd, m + h0, l + h0, acc + h0 * hd, 3, 4);
+                else if (bf16 && nv == 4 && group == 4)
+                    attend_chunk_bf16_group(a, off, n, q + h0 * hd, m + h0, l + h0, acc + h0 * hd, 4, 4);
+                else if (bf16 && nv == 8 && group == 2)
+                    attend_chunk_bf16_group(a, off, n, q + h0 * hd, m + h0, l + h0, acc + h0 * hd, 2, 8);
+                else
+                    attend_chunk(a, off, n, q + h0 * hd, group, m + h0, l + h0, acc + h0 * hd, nv, bf16);
+            }
         }
     }
     for (int64_t h = 0; h < heads; h++) {
