@@ -55,41 +55,40 @@ class AmxGemm:
         self, x: torch.Tensor, packed: torch.Tensor, out_features: int
     ) -> torch.Tensor:
         """silu(x @ gate^T) * (x @ up^T), x [..., in] bfloat16, rounded where torch rounds."""
-        in_features = packed.shape[1] * 32
-        flat = x.reshape(-1, in_features)
-        if flat.stride(-1) != 1 or flat.dtype != torch.bfloat16:
-            raise ValueError("amx_gemm_bf16_silu_mul takes bfloat16 rows with contiguous features")
-        rows = flat.shape[0]
-        out = torch.empty(rows, out_features, dtype=torch.bfloat16)
-        if rows:
-            with profiled_range(PROFILE_NAME):
-                rc = self._gate_up(
-                    flat.data_ptr(), rows, in_features, flat.stride(0), packed.data_ptr(),
-                    out_features, out.data_ptr(), out_features, torch.get_num_threads(),
-                )  # fmt: skip
-            if rc != 0:
-                raise RuntimeError("amx_gemm_bf16_silu_mul refused its arguments")
-        return out.view(*x.shape[:-1], out_features)
+        return self._multiply(
+            x, packed, out_features,
+            lambda flat, out: self._gate_up(
+                flat.data_ptr(), flat.shape[0], flat.shape[1], flat.stride(0), packed.data_ptr(),
+                out_features, out.data_ptr(), out_features, torch.get_num_threads(),
+            ),
+        )  # fmt: skip
 
     def __call__(
         self, x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None
     ) -> torch.Tensor:
         """x [..., in] bfloat16 -> [..., out_features] bfloat16."""
-        in_features = packed.shape[1] * 32
-        flat = x.reshape(-1, in_features)
+        bias_ptr = None if bias is None else bias.data_ptr()
+        return self._multiply(
+            x, packed, out_features,
+            lambda flat, out: self._fn(
+                flat.data_ptr(), flat.shape[0], flat.shape[1], flat.stride(0), packed.data_ptr(),
+                out_features, bias_ptr, out.data_ptr(), out_features, torch.get_num_threads(),
+            ),
+        )  # fmt: skip
+
+    @staticmethod
+    def _multiply(x: torch.Tensor, packed: torch.Tensor, out_features: int, kernel) -> torch.Tensor:
+        """x's rows as a [rows, in] view, a fresh [rows, out_features] output, `kernel(flat,
+        out)` (a C entry's status) between them."""
+        flat = x.reshape(-1, packed.shape[1] * 32)
         if flat.stride(-1) != 1 or flat.dtype != torch.bfloat16:
-            raise ValueError("amx_gemm_bf16 takes bfloat16 rows with contiguous features")
-        rows = flat.shape[0]
-        out = torch.empty(rows, out_features, dtype=torch.bfloat16)
-        if rows:
+            raise ValueError("the AMX GEMM takes bfloat16 rows with contiguous features")
+        out = torch.empty(flat.shape[0], out_features, dtype=torch.bfloat16)
+        if flat.shape[0]:
             with profiled_range(PROFILE_NAME):
-                rc = self._fn(
-                    flat.data_ptr(), rows, in_features, flat.stride(0), packed.data_ptr(),
-                    out_features, None if bias is None else bias.data_ptr(), out.data_ptr(),
-                    out_features, torch.get_num_threads(),
-                )  # fmt: skip
+                rc = kernel(flat, out)
             if rc != 0:
-                raise RuntimeError("amx_gemm_bf16 refused its arguments")
+                raise RuntimeError("the AMX GEMM refused its arguments")
         return out.view(*x.shape[:-1], out_features)
 
 

@@ -20,8 +20,8 @@ for which that packing is slower, to the plain weight.
 Where the CPU has AMX-BF16 (worker_svc/amx_gemm.py), `AmxLinear` replaces that copy with one
 packed for our own AMX kernel, which streams the weight once per call: a batch-64 decode step's
 linears (SmolLM2, 30 layers) 17-21 ms against oneDNN's 21-28 ms, and ahead up to 512 rows
-(67 vs 75-82 ms); at 2048 rows oneDNN's plain-weight path is faster (2.0 vs 1.3 TFLOP/s), so
-larger inputs stay there.
+(67 vs 75-82 ms); at 2048 rows oneDNN's plain-weight path is a little faster (2.0 vs 1.9
+TFLOP/s), so larger inputs stay there.
 
 `optimize_linears(model)` picks per dtype and replaces each nn.Linear; the model's forward code
 is untouched. Weights are copied once at load; a tied lm_head gets its own copy.
@@ -97,7 +97,7 @@ class PackedLinear(nn.Module):
         return nn.functional.linear(x, self.weight, self.bias)
 
 
-AMX_MAX_ROWS = 512  # above this oneDNN on the plain weight (2048 rows: 2.0 vs 1.3 TFLOP/s)
+AMX_MAX_ROWS = 512  # above this oneDNN on the plain weight (2048 rows: 2.0 vs 1.9 TFLOP/s)
 
 
 class AmxLinear(nn.Module):
