@@ -44,7 +44,7 @@ _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 class FusedOps:
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self._rms_norms, self._silu_muls, self._rotaries = {}, {}, {}
+        self._rms_norms, self._silu_muls, self._rotaries, self._argmaxes = {}, {}, {}, {}
         for dtype, suffix in _SUFFIX.items():
             norm = getattr(lib, f"rms_norm_{suffix}")
             norm.argtypes = [_P, _I64, _I64, _I64, _P, ctypes.c_float, _P, _I64, _I64]
@@ -57,6 +57,10 @@ class FusedOps:
             rotary.argtypes = [_P, _P, *[_I64] * 7, _P, _P, _I64, _I64]
             rotary.restype = ctypes.c_int
             self._rotaries[dtype] = rotary
+            argmax = getattr(lib, f"argmax_{suffix}")
+            argmax.argtypes = [_P, _I64, _I64, _I64, _P, _I64]
+            argmax.restype = ctypes.c_int
+            self._argmaxes[dtype] = argmax
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """x and weight of one dtype in DTYPES (the caller checks)."""
@@ -80,6 +84,26 @@ class FusedOps:
                 torch.get_num_threads(),
             )  # fmt: skip
         return gate
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """Row-wise first index of the maximum of [rows, vocab] logits (float32 or bfloat16,
+        CPU, unit column stride), as torch.max(dim=-1).indices; None when the kernel does not
+        apply or a row holds a NaN (torch's ranking of NaN is left to torch)."""
+        if (
+            logits.dim() != 2
+            or logits.dtype not in self._argmaxes
+            or logits.device.type != "cpu"
+            or logits.stride(-1) != 1
+        ):
+            return None
+        rows, cols = logits.shape
+        out = torch.empty(rows, dtype=torch.int64)
+        with profiled_range("splitserve::argmax"):
+            rc = self._argmaxes[logits.dtype](
+                logits.data_ptr(), rows, cols, logits.stride(0), out.data_ptr(),
+                torch.get_num_threads(),
+            )  # fmt: skip
+        return out if rc == 0 else None
 
     def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [1, heads, T, head_dim] (any strides, head_dim contiguous) rotated by cos/sin

@@ -20,7 +20,7 @@ import torch
 
 from common.model_source import resolve_model
 from scheduler_svc.core.outputs import SchedulerOutput
-from worker_svc import attention, native_attention
+from worker_svc import attention, fused_ops, native_attention
 from worker_svc.compile import compile_model
 from worker_svc.config import GiB, ModelRunnerConfig
 from worker_svc.fast_linear import optimize_linears
@@ -116,7 +116,8 @@ class ModelRunner:
             )
         )
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
-        self.sampler = Sampler(generator)
+        ops = fused_ops.load() if self.device.type == "cpu" and config.fused_ops else None
+        self.sampler = Sampler(generator, ops.argmax if ops is not None else None)
         log.info(
             "model %s loaded in %.1f s on %s/%s: %d KV blocks of %d, %d host blocks, "
             "%s decode attention, %s prefill attention",

@@ -51,10 +51,21 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __init__(self, generator: torch.Generator) -> None:
+    def __init__(self, generator: torch.Generator, fast_argmax=None) -> None:
         self.generator = generator  # for rows without their own seed
+        # logits -> token ids or None (a native row argmax: greedy batches skip the float copy)
+        self.fast_argmax = fast_argmax
 
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        if (
+            meta.all_greedy
+            and meta.num_logprobs is None
+            and meta.penalty_rows is None
+            and self.fast_argmax is not None
+        ):
+            tokens = self.fast_argmax(logits)  # the same ids: float conversion keeps the order
+            if tokens is not None:
+                return SamplerOutput(tokens)
         logits = logits.float()
         raw_logprobs = None
         if meta.num_logprobs is not None:

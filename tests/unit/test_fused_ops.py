@@ -250,3 +250,40 @@ def test_gated_mlp_on_amx_computes_both_projections_and_the_product_in_one_pass(
     close = (got.float() - want.float()).abs() <= want.float().abs() * 2.0**-6 + 2e-3
     assert close.float().mean().item() >= 0.999
     torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)
+
+
+@needs_ops
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "cols"), [(1, 7), (3, 49152), (64, 49152), (5, 100)])
+def test_argmax_is_torchs_first_maximum(dtype, rows, cols):
+    gen = torch.Generator().manual_seed(rows * cols)
+    logits = (torch.randn(rows, cols + 3, generator=gen) * 4).to(dtype)[:, :cols]  # strided rows
+    logits[0, cols // 2] = logits[0, cols - 1] = 1e4  # a tie: the first one wins
+    if rows > 1:
+        logits[-1, :] = float("-inf")
+        logits[-1, cols - 1] = -3.0  # the only finite value, in the tail
+    got = OPS.argmax(logits)
+    assert got is not None and torch.equal(got, torch.max(logits, dim=-1).indices)
+    assert got[0] == cols // 2 and (rows == 1 or got[-1] == cols - 1)
+
+
+@needs_ops
+def test_argmax_leaves_nan_and_other_layouts_to_torch():
+    logits = torch.randn(4, 300)
+    logits[2, 7] = float("nan")
+    assert OPS.argmax(logits) is None
+    assert OPS.argmax(torch.randn(300, 4).t()) is None  # columns not contiguous
+    assert OPS.argmax(torch.randn(2, 3, 5)) is None
+    assert OPS.argmax(torch.randn(2, 5).half()) is None
+
+
+@needs_ops
+def test_sampler_fast_greedy_path_gives_the_same_tokens():
+    from worker_svc.sampler import Sampler, SamplingMetadata
+
+    logits = (torch.randn(8, 1000) * 3).to(torch.bfloat16)
+    meta = SamplingMetadata(num_rows=8)
+    assert meta.all_greedy
+    plain = Sampler(torch.Generator())(logits, meta).token_ids
+    fast = Sampler(torch.Generator(), OPS.argmax)(logits, meta).token_ids
+    assert torch.equal(plain, fast)

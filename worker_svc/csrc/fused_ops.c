@@ -9,6 +9,7 @@
  * norm is computed in float32 and rounded before and after the weight multiply, the SiLU is
  * rounded before the product.
  * rotary_f32 / rotary_bf16: the rotate-half rotary embedding of q or k (below).
+ * argmax_f32 / argmax_bf16: row-wise first index of the maximum (greedy sampling).
  * They exist only where built with AVX-512; fused_ops_available() says which (0: the caller
  * keeps torch's ops).
  */
@@ -122,6 +123,45 @@ static inline __attribute__((always_inline, optimize("fp-contract=off"))) void r
     }
 }
 
+/* Row-wise argmax, the first index of the maximum (torch.max(dim=-1).indices), for greedy
+ * sampling straight from the logits in their own dtype. Returns -1 when a row holds a NaN
+ * (torch ranks NaN above everything; the caller leaves such batches to torch). */
+static inline __attribute__((always_inline)) int argmax_rows(const int bf16, const void *x,
+                                                            int64_t rows, int64_t cols,
+                                                            int64_t stride, int64_t *out,
+                                                            int64_t num_threads) {
+    int nan_seen = 0;
+#pragma omp parallel for schedule(static) num_threads(num_threads) \
+    if (rows * cols >= PARALLEL_MIN_FLOATS && num_threads > 1) reduction(| : nan_seen)
+    for (int64_t r = 0; r < rows; r++) {
+        __m512 best = _mm512_set1_ps(-INFINITY);
+        __mmask16 unordered = 0;
+        for (int64_t c = 0; c < cols; c += 16) {
+            const __mmask16 m = first_lanes(cols - c); /* lanes past the row keep -inf */
+            const __m512 v = load_lanes(bf16, x, r * stride + c, m);
+            unordered |= _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
+            best = _mm512_mask_max_ps(best, m, best, v);
+        }
+        if (unordered) {
+            nan_seen = 1;
+            continue;
+        }
+        const float top = _mm512_reduce_max_ps(best);
+        int64_t index = 0;
+        for (int64_t c = 0; c < cols; c += 16) { /* the first lane equal to the maximum */
+            const __mmask16 hit = _mm512_mask_cmp_ps_mask(
+                first_lanes(cols - c), load_lanes(bf16, x, r * stride + c, first_lanes(cols - c)),
+                _mm512_set1_ps(top), _CMP_EQ_OQ);
+            if (hit) {
+                index = c + __builtin_ctz(hit);
+                break;
+            }
+        }
+        out[r] = index;
+    }
+    return nan_seen ? -1 : 0;
+}
+
 #define DEFINE_ENTRIES(SUFFIX, T, IS_BF16)                                                   \
     int rms_norm_##SUFFIX(const T *x, int64_t rows, int64_t dim, int64_t x_stride,           \
                           const T *weight, float eps, T *out, int64_t out_stride,            \
@@ -132,6 +172,10 @@ static inline __attribute__((always_inline, optimize("fp-contract=off"))) void r
     int silu_mul_##SUFFIX(const T *gate, const T *up, T *out, int64_t n, int64_t num_threads) { \
         silu_mul(IS_BF16, gate, up, out, n, num_threads);                                    \
         return 0;                                                                            \
+    }                                                                                        \
+    int argmax_##SUFFIX(const T *x, int64_t rows, int64_t cols, int64_t stride, int64_t *out,  \
+                        int64_t num_threads) {                                                \
+        return argmax_rows(IS_BF16, x, rows, cols, stride, out, num_threads);                \
     }                                                                                        \
     int rotary_##SUFFIX(const T *x, T *out, int64_t tokens, int64_t heads, int64_t head_dim, \
                         int64_t x_tok, int64_t x_head, int64_t out_tok, int64_t out_head,    \
