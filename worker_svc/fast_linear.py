@@ -106,7 +106,7 @@ class AmxLinear(nn.Module):
     def __init__(self, linear: nn.Linear, gemm: amx_gemm.AmxGemm) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self._gemm = gemm
+        self.gemm = gemm  # also what a fused module computing this layer calls
         weight = linear.weight.detach()
         self.weight = nn.Parameter(weight.clone(), requires_grad=False)
         self.packed_weight = nn.Parameter(gemm.pack(weight), requires_grad=False)
@@ -128,7 +128,7 @@ class AmxLinear(nn.Module):
             return nn.functional.linear(x, self.weight, self.bias)
         if x.stride(-1) != 1:
             x = x.contiguous()
-        return self._gemm(x, self.packed_weight, self.out_features, self.bias)
+        return self.gemm(x, self.packed_weight, self.out_features, self.bias)
 
 
 def packing_available(dtype: torch.dtype) -> bool:

@@ -230,9 +230,9 @@ class NativeGatedMLP(nn.Module):
             and gate.weight.shape == up.weight.shape
             and gate.out_features % 16 == 0
         ):
-            packed = gate._gemm.pack_gate_up(gate.weight, up.weight)  # noqa: SLF001
+            packed = gate.gemm.pack_gate_up(gate.weight, up.weight)
             self.gate_up_packed = nn.Parameter(packed, requires_grad=False)
-            self._amx = gate._gemm  # noqa: SLF001
+            self._amx = gate.gemm
             gate.drop_packed()
             up.drop_packed()
 

@@ -77,18 +77,12 @@ static void softmax_rows(float *scores, int64_t group, int64_t stride, int64_t l
 }
 
 #if defined(__AVX512F__)
-static inline __attribute__((always_inline)) __m512 load16(const int bf16, const void *cache,
-                                                          int64_t off) {
-    if (bf16) return load_bf16x16((const uint16_t *)cache + off);
-    return _mm512_loadu_ps((const float *)cache + off);
-}
-
 /* q . k for one cached token, as 16 partial sums (reduced 16 tokens at a time by hsum16). */
 static inline __attribute__((always_inline)) __m512 dot_k(const int bf16, const void *k_cache,
                                                          int64_t off, const __m512 *qv,
                                                          const int64_t nv) {
-    __m512 d = _mm512_mul_ps(qv[0], load16(bf16, k_cache, off));
-    for (int64_t c = 1; c < nv; c++) d = _mm512_fmadd_ps(qv[c], load16(bf16, k_cache, off + 16 * c), d);
+    __m512 d = _mm512_mul_ps(qv[0], load_f32x16(bf16, k_cache, off));
+    for (int64_t c = 1; c < nv; c++) d = _mm512_fmadd_ps(qv[c], load_f32x16(bf16, k_cache, off + 16 * c), d);
     return d;
 }
 
@@ -148,7 +142,7 @@ static inline __attribute__((always_inline)) void attend_chunk(
             const int64_t off = off0 + t * stride;
             const __m512 pt = _mm512_set1_ps(pw[t]);
             for (int64_t c = 0; c < nv; c++)
-                av[c] = _mm512_fmadd_ps(pt, load16(bf16, a->v_cache, off + 16 * c), av[c]);
+                av[c] = _mm512_fmadd_ps(pt, load_f32x16(bf16, a->v_cache, off + 16 * c), av[c]);
         }
         for (int64_t c = 0; c < nv; c++) _mm512_storeu_ps(ag + 16 * c, av[c]);
     }
@@ -170,7 +164,7 @@ static inline __attribute__((always_inline)) void attend_chunk_bf16_group(
             continue;
         }
         __m512 k[NV];
-        for (int c = 0; c < NV; c++) k[c] = load16(1, a->k_cache, off0 + t * stride + 16 * c);
+        for (int c = 0; c < NV; c++) k[c] = load_f32x16(1, a->k_cache, off0 + t * stride + 16 * c);
         for (int g = 0; g < G; g++) {
             __m512 d = _mm512_mul_ps(_mm512_loadu_ps(qh + g * hd), k[0]);
             for (int c = 1; c < NV; c++) d = _mm512_fmadd_ps(_mm512_loadu_ps(qh + g * hd + 16 * c), k[c], d);
@@ -193,7 +187,7 @@ static inline __attribute__((always_inline)) void attend_chunk_bf16_group(
             av[g][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * hd + 16 * c), _mm512_set1_ps(alpha[g]));
     for (int64_t t = 0; t < n; t++) {
         __m512 v[NV];
-        for (int c = 0; c < NV; c++) v[c] = load16(1, a->v_cache, off0 + t * stride + 16 * c);
+        for (int c = 0; c < NV; c++) v[c] = load_f32x16(1, a->v_cache, off0 + t * stride + 16 * c);
         for (int g = 0; g < G; g++) {
             const __m512 pt = _mm512_set1_ps(pw[g][t]);
             for (int c = 0; c < NV; c++) av[g][c] = _mm512_fmadd_ps(pt, v[c], av[g][c]);

@@ -53,10 +53,6 @@ typedef struct {
 
 int paged_prefill_available(void) { return 1; }
 
-static inline __m512 load_row16(const int bf16, const void *cache, int64_t off) {
-    return bf16 ? load_bf16x16((const uint16_t *)cache + off) : _mm512_loadu_ps((const float *)cache + off);
-}
-
 /* r[0..15] (rows) -> c[0..15] (columns): a 16 x 16 float transpose in 64 shuffles */
 static inline void transpose16(const __m512 *r, __m512 *c) {
     __m512 t[16], u[16];
@@ -88,7 +84,7 @@ static inline void transpose_k(const Args *a, const int64_t *off, int64_t n, flo
     for (int64_t d0 = 0; d0 < a->head_dim; d0 += 16) {
         __m512 rows[16], cols[16];
         for (int64_t t = 0; t < 16; t++)
-            rows[t] = t < n ? load_row16(a->bf16, a->k_cache, off[t] + d0) : _mm512_setzero_ps();
+            rows[t] = t < n ? load_f32x16(a->bf16, a->k_cache, off[t] + d0) : _mm512_setzero_ps();
         transpose16(rows, cols);
         for (int64_t d = 0; d < 16; d++) _mm512_storeu_ps(kt + (d0 + d) * 16, cols[d]);
     }
@@ -132,7 +128,7 @@ static inline __attribute__((always_inline)) void attend_item_nv(const Args *a, 
         transpose_k(a, off, n, kt);
         for (int64_t t = 0; t < n; t++) /* V rows as float32, read by every query of the tile */
             for (int64_t j = 0; j < nv; j++)
-                _mm512_storeu_ps(vs + t * hd + 16 * j, load_row16(a->bf16, a->v_cache, off[t] + 16 * j));
+                _mm512_storeu_ps(vs + t * hd + 16 * j, load_f32x16(a->bf16, a->v_cache, off[t] + 16 * j));
         for (int64_t v0 = 0; v0 < nq; v0 += QB) {
             __m512 s[QB];
             for (int64_t b = 0; b < QB; b++) s[b] = _mm512_setzero_ps();

@@ -36,6 +36,13 @@ static inline __m512 maskz_load_bf16x16(__mmask16 mask, const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* 16 elements at element offset off of a float32 (bf16 = 0) or bfloat16 (bf16 = 1) array, as
+ * float32: the caches' load, for either dtype */
+static inline __attribute__((always_inline)) __m512 load_f32x16(const int bf16, const void *p,
+                                                               int64_t off) {
+    return bf16 ? load_bf16x16((const uint16_t *)p + off) : _mm512_loadu_ps((const float *)p + off);
+}
+
 /* float32 -> bfloat16 rounding to nearest even, as torch's conversion does (NaN inputs are not
  * expected here). Integer arithmetic only: no AVX-512 BF16 instructions needed. */
 static inline __m256i round_to_bf16x16(__m512 v) {
