@@ -56,9 +56,22 @@ class PagedDecodeKernel:
             for fn in self._prefill_fns.values():
                 fn.argtypes = [_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _P] + [_I64] * 4 + [_F32]
                 fn.restype = ctypes.c_int
+        self.bf16_dot = False  # the AVX512-BF16 decode bodies (bfloat16 caches)
+        if getattr(lib, "paged_decode_set_bf16_dot", None) is not None:
+            lib.paged_decode_set_bf16_dot.argtypes = [ctypes.c_int]
+            lib.paged_decode_set_bf16_dot.restype = ctypes.c_int
+            self.set_bf16_dot(os.environ.get("SPLITSERVE_BF16_DOT_ATTENTION") != "0")
         self._write_kv = lib.write_kv
         self._write_kv.argtypes = [_P, _P, _P, _P, _P] + [_I64] * 8
         self._write_kv.restype = ctypes.c_int
+
+    def set_bf16_dot(self, on: bool) -> bool:
+        """Decode rows of a bfloat16 cache through AVX512-BF16 dot products (where the CPU has
+        them; `SPLITSERVE_BF16_DOT_ATTENTION=0` starts with them off): q.k on the cache's
+        bfloat16 pairs as they are, P rounded to bfloat16 for P.V. Returns whether they are on."""
+        fn = getattr(self.lib, "paged_decode_set_bf16_dot", None)
+        self.bf16_dot = bool(fn(int(on))) if fn is not None else False
+        return self.bf16_dot
 
     def write_kv(
         self,

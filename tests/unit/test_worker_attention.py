@@ -114,17 +114,34 @@ def check_mixed_batch(group_size, backend, H, KVH, D):  # noqa: N803 - the modul
 
 
 @pytest.mark.skipif(NATIVE is None, reason="no C compiler")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("dtype", "bf16_dot"),
+    [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)],
+)
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "head_dim"),  # groups of 3, 4 and 2 have their own bfloat16 bodies
-    [(9, 3, 64), (8, 2, 64), (4, 2, 128), (8, 8, 128), (6, 2, 24)],
+    [(9, 3, 64), (8, 2, 64), (4, 2, 128), (8, 8, 128), (6, 2, 24), (16, 2, 64)],
 )
 @pytest.mark.parametrize(("bs", "q_scale"), [(16, 1.0), (8, 1.0), (32, 6.0)])
-def test_native_decode_kernel_matches_sdpa(dtype, heads, kv_heads, head_dim, bs, q_scale):
+def test_native_decode_kernel_matches_sdpa(dtype, bf16_dot, heads, kv_heads, head_dim, bs, q_scale):
     """The C kernel (vectorised for head_dim % 16 == 0, plain loop otherwise) against SDPA on
-    the gathered context, rows of very different lengths over scattered blocks; blocks smaller
-    and larger than the kernel's 16-token chunks, and sharp score distributions (q_scale) whose
-    running max moves from chunk to chunk (the vector path's softmax is online)."""
+    the gathered context, rows of very different lengths (odd ones too: the AVX512-BF16 bodies
+    sum V two tokens at a time) over scattered blocks; blocks smaller and larger than the
+    kernel's 16-token chunks, and sharp score distributions (q_scale) whose running max moves
+    from chunk to chunk (the vector path's softmax is online). The AVX512-BF16 bodies round P
+    to bfloat16 before P.V, as torch's bfloat16 attention does: their error is held to the
+    size of the bfloat16 rounding of the output itself (which the runner applies next)."""
+    if bf16_dot and not NATIVE.set_bf16_dot(True):
+        pytest.skip("no AVX512-BF16 on this CPU")
+    was_on = NATIVE.bf16_dot
+    NATIVE.set_bf16_dot(bf16_dot)
+    try:
+        check_decode_kernel(dtype, bf16_dot, heads, kv_heads, head_dim, bs, q_scale)
+    finally:
+        NATIVE.set_bf16_dot(was_on)
+
+
+def check_decode_kernel(dtype, bf16_dot, heads, kv_heads, head_dim, bs, q_scale):
     gen = torch.Generator().manual_seed(1)
     num_blocks = 300 * 16 // bs
     k_cache = torch.randn(num_blocks, bs, kv_heads, head_dim, generator=gen).to(dtype)
@@ -132,7 +149,8 @@ def test_native_decode_kernel_matches_sdpa(dtype, heads, kv_heads, head_dim, bs,
     lens = torch.tensor([1, 15, 16, 17, 130, 400, 3])
     width = -(-int(lens.max()) // bs)
     table = torch.randperm(num_blocks, generator=gen)[: len(lens) * width].view(len(lens), width)
-    q = torch.randn(len(lens), heads, head_dim, generator=gen) * q_scale
+    # the runner's queries come from the model's dtype
+    q = (torch.randn(len(lens), heads, head_dim, generator=gen) * q_scale).to(dtype).float()
     scale = head_dim**-0.5
     out = NATIVE(q, k_cache, v_cache, table, lens, int(lens.max()), scale)
     for r, n in enumerate(lens.tolist()):
@@ -141,7 +159,13 @@ def test_native_decode_kernel_matches_sdpa(dtype, heads, kv_heads, head_dim, bs,
         want = torch.nn.functional.scaled_dot_product_attention(
             q[r][:, None], k, v, scale=scale, enable_gqa=True
         )[:, 0]
-        torch.testing.assert_close(out[r], want, atol=2e-5, rtol=1e-4)
+        if bf16_dot:
+            output_rounding = (want.to(torch.bfloat16).float() - want).abs()
+            error = (out[r] - want).abs()
+            assert error.mean() <= 2 * output_rounding.mean() + 1e-6, (r, n, error.mean())
+            assert error.max() < 2 * output_rounding.max() + 1e-3, (r, n, error.max())
+        else:
+            torch.testing.assert_close(out[r], want, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.skipif(NATIVE is None, reason="no C compiler")

@@ -14,7 +14,9 @@
  * and outputs float32 [rows, heads, head_dim], block_table int64 [rows, block_table_stride],
  * seq_lens int64 [rows] (tokens to attend to, the new one included, already written).
  * With AVX-512 and head_dim a multiple of 16 (up to 256) the dot products and the V sum run
- * on 16-float vectors; otherwise a plain loop the compiler vectorises as it can.
+ * on 16-float vectors; otherwise a plain loop the compiler vectorises as it can. bfloat16
+ * caches on CPUs with AVX512-BF16 (checked at run time, so the portable x86-64-v4 build has them
+ * too) take dot-product bodies that never widen K or V to float32.
  */
 #include <math.h>
 #include <stdint.h>
@@ -88,7 +90,7 @@ static inline __attribute__((always_inline)) __m512 dot_k(const int bf16, const 
 
 /* The sums of 16 vectors, as the 16 lanes of one (lane i = sum of v[i]): a transpose-and-add
  * tree, ~2 shuffles per vector where a reduction per vector costs ~4. */
-static inline __m512 hsum16(const __m512 *v) {
+static inline __attribute__((always_inline)) __m512 hsum16(const __m512 *v) {
     __m512 t[8], u[4];
     for (int i = 0; i < 8; i++)
         t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
@@ -157,13 +159,13 @@ static inline __attribute__((always_inline)) void attend_chunk_bf16_group(
     const int64_t stride = a->kv_heads * a->head_dim, hd = a->head_dim;
     const __m512 scale = _mm512_set1_ps(a->scale);
     const __mmask16 valid = n == 16 ? 0xFFFF : (__mmask16)((1u << n) - 1);
-    __m512 dots[G][16];
+    __m512 dots[4][16]; /* fixed sizes: G <= 4, NV <= 8 (see attend_chunk_bf16_dot) */
     for (int64_t t = 0; t < 16; t++) {
         if (t >= n) {
             for (int g = 0; g < G; g++) dots[g][t] = _mm512_setzero_ps();
             continue;
         }
-        __m512 k[NV];
+        __m512 k[8];
         for (int c = 0; c < NV; c++) k[c] = load_f32x16(1, a->k_cache, off0 + t * stride + 16 * c);
         for (int g = 0; g < G; g++) {
             __m512 d = _mm512_mul_ps(_mm512_loadu_ps(qh + g * hd), k[0]);
@@ -171,7 +173,7 @@ static inline __attribute__((always_inline)) void attend_chunk_bf16_group(
             dots[g][t] = d;
         }
     }
-    float pw[G][16], alpha[G];
+    float pw[4][16], alpha[4];
     for (int g = 0; g < G; g++) {
         const __m512 sc = _mm512_mul_ps(hsum16(dots[g]), scale);
         const float m_new = fmaxf(m[g], _mm512_mask_reduce_max_ps(valid, sc));
@@ -181,12 +183,12 @@ static inline __attribute__((always_inline)) void attend_chunk_bf16_group(
         l[g] = l[g] * alpha[g] + _mm512_reduce_add_ps(p);
         _mm512_storeu_ps(pw[g], p);
     }
-    __m512 av[G][NV];
+    __m512 av[4][8];
     for (int g = 0; g < G; g++)
         for (int c = 0; c < NV; c++)
             av[g][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * hd + 16 * c), _mm512_set1_ps(alpha[g]));
     for (int64_t t = 0; t < n; t++) {
-        __m512 v[NV];
+        __m512 v[8];
         for (int c = 0; c < NV; c++) v[c] = load_f32x16(1, a->v_cache, off0 + t * stride + 16 * c);
         for (int g = 0; g < G; g++) {
             const __m512 pt = _mm512_set1_ps(pw[g][t]);
@@ -208,6 +210,168 @@ static inline void prefetch_whole_block(const Args *a, const int64_t *blocks, in
         __builtin_prefetch(k + c, 0, 3);
         __builtin_prefetch(v + c, 0, 3);
     }
+}
+
+#if defined(__GNUC__) && __GNUC__ >= 10
+#include <cpuid.h>
+#define BF16_DOT_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define HAVE_BF16_DOT 1
+
+/* -1: not asked yet; 0: off (no AVX512-BF16, or switched off); 1: on */
+static int bf16_dot_state = -1;
+
+static int bf16_dot_supported(void) {
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5));
+}
+
+static int bf16_dot_enabled(void) {
+    if (bf16_dot_state < 0) bf16_dot_state = bf16_dot_supported();
+    return bf16_dot_state;
+}
+
+/* A bfloat16 cache's chunk of up to 16 tokens with AVX512-BF16 dot products (vdpbf16ps), all G
+ * query heads of the kv head together. K and V are never widened to float32: q . k takes the
+ * K row's bfloat16 pairs as they are (q is bfloat16 already in a bfloat16 model, so exact), and
+ * V is summed two tokens at a time, the rows interleaved pairwise (unpack) and weighted by the
+ * probabilities rounded to bfloat16 (as torch's bfloat16 attention rounds P before P.V), with
+ * float32 accumulation. The accumulators hold the dims of each 32-dim slice permuted (what
+ * the unpacks give); attend_row_bf16_dot puts them back in order once per row. */
+BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_chunk_bf16_dot(
+    const Args *a, int64_t off0, int64_t n, const uint16_t *qb, float *m, float *l, float *acc,
+    const int G, const int NV) {
+    const int H = NV / 2; /* 32-value slices of a row */
+    const int64_t stride = a->kv_heads * a->head_dim, hd = a->head_dim;
+    const uint16_t *kc = (const uint16_t *)a->k_cache + off0, *vc = (const uint16_t *)a->v_cache + off0;
+    const __m512 scale = _mm512_set1_ps(a->scale);
+    const __mmask16 valid = n == 16 ? 0xFFFF : (__mmask16)((1u << n) - 1);
+    /* fixed sizes (G <= 4, NV <= 8), not [G][H]: sized by a parameter they would be
+     * variable-length arrays, kept on the stack even where G and NV are constants */
+    __m512i q[4][4];
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < H; c++) q[g][c] = _mm512_loadu_si512(qb + g * hd + 32 * c);
+    __m512 dots[4][16];
+    for (int64_t t = 0; t < 16; t++) {
+        if (t >= n) {
+            for (int g = 0; g < G; g++) dots[g][t] = _mm512_setzero_ps();
+            continue;
+        }
+        __m512i k[4];
+        for (int c = 0; c < H; c++) k[c] = _mm512_loadu_si512(kc + t * stride + 32 * c);
+        for (int g = 0; g < G; g++) {
+            __m512 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)q[g][0], (__m512bh)k[0]);
+            for (int c = 1; c < H; c++) d = _mm512_dpbf16_ps(d, (__m512bh)q[g][c], (__m512bh)k[c]);
+            dots[g][t] = d;
+        }
+    }
+    uint16_t pw[4][16];
+    float alpha[16], shift[16] = {0};
+    __m512 sc[4];
+    for (int g = 0; g < G; g++) {
+        sc[g] = _mm512_mul_ps(hsum16(dots[g]), scale);
+        const float chunk_max = _mm512_mask_reduce_max_ps(valid, sc[g]);
+        const float m_new = chunk_max > m[g] ? chunk_max : m[g];
+        shift[g] = m[g] - m_new; /* -inf on the first chunk: alpha ~0 against a zero state */
+        m[g] = m_new;
+    }
+    _mm512_storeu_ps(alpha, exp512(_mm512_loadu_ps(shift))); /* 1 exactly where m stays */
+    for (int g = 0; g < G; g++) {
+        const __m512 p = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(sc[g], _mm512_set1_ps(m[g]))));
+        l[g] = l[g] * alpha[g] + _mm512_reduce_add_ps(p);
+        _mm256_storeu_si256((__m256i *)pw[g], round_to_bf16x16(p)); /* invalid tokens: 0 */
+    }
+    __m512 av[4][8];
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < NV; c++)
+            av[g][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * hd + 16 * c), _mm512_set1_ps(alpha[g]));
+    for (int64_t t = 0; t < n; t += 2) {
+        __m512i lo[4], hi[4];
+        for (int c = 0; c < H; c++) {
+            const __m512i v0 = _mm512_loadu_si512(vc + t * stride + 32 * c);
+            const __m512i v1 = t + 1 < n ? _mm512_loadu_si512(vc + (t + 1) * stride + 32 * c)
+                                         : _mm512_setzero_si512();
+            lo[c] = _mm512_unpacklo_epi16(v0, v1);
+            hi[c] = _mm512_unpackhi_epi16(v0, v1);
+        }
+        for (int g = 0; g < G; g++) {
+            uint32_t pair;
+            memcpy(&pair, &pw[g][t], sizeof pair); /* p[t] low half, p[t + 1] high half */
+            const __m512bh w = (__m512bh)_mm512_set1_epi32((int)pair);
+            for (int c = 0; c < H; c++) {
+                av[g][2 * c] = _mm512_dpbf16_ps(av[g][2 * c], (__m512bh)lo[c], w);
+                av[g][2 * c + 1] = _mm512_dpbf16_ps(av[g][2 * c + 1], (__m512bh)hi[c], w);
+            }
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < NV; c++) _mm512_storeu_ps(acc + g * hd + 16 * c, av[g][c]);
+}
+
+/* attend_row_avx512_nv for a bfloat16 cache through attend_chunk_bf16_dot. state holds
+ * [heads] m, [heads] l, [heads][head_dim] acc and the queries as bfloat16. */
+BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_row_bf16_dot_gn(
+    const Args *a, const int64_t *blocks, int64_t len, const float *q, float *state, float *o,
+    const int G, const int NV) {
+    const int64_t bs = a->block_size, hd = a->head_dim, heads = a->heads;
+    const int64_t nblocks = (len + bs - 1) / bs;
+    float *m = state, *l = state + heads, *acc = state + 2 * heads;
+    uint16_t *qb = (uint16_t *)(acc + heads * hd);
+    for (int64_t h = 0; h < heads; h++) m[h] = -INFINITY, l[h] = 0.f;
+    memset(acc, 0, sizeof(float) * heads * hd);
+    for (int64_t i = 0; i < heads * hd; i += 16)
+        _mm256_storeu_si256((__m256i *)(qb + i), round_to_bf16x16(_mm512_loadu_ps(q + i)));
+    prefetch_whole_block(a, blocks, 0, min64(bs, len));
+    for (int64_t b = 0; b < nblocks; b++) {
+        const int64_t block_start = b * bs, block_n = min64(bs, len - block_start);
+        if (b + 1 < nblocks) prefetch_whole_block(a, blocks, b + 1, min64(bs, len - block_start - bs));
+        for (int64_t kh = 0; kh < a->kv_heads; kh++) {
+            const int64_t base = block_offset(a, blocks, b, kh), h0 = kh * G;
+            for (int64_t c0 = 0; c0 < block_n; c0 += 16)
+                attend_chunk_bf16_dot(a, base + c0 * a->kv_heads * hd, min64(16, block_n - c0),
+                                      qb + h0 * hd, m + h0, l + h0, acc + h0 * hd, G, NV);
+        }
+    }
+    /* slice c's accumulators: lo lanes = dims {0-3, 8-11, 16-19, 24-27}, hi = the other four */
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int64_t h = 0; h < heads; h++) {
+        const __m512 inv = _mm512_set1_ps(1.f / l[h]);
+        for (int c = 0; c < NV / 2; c++) {
+            const __m512 lo = _mm512_loadu_ps(acc + h * hd + 32 * c);
+            const __m512 hi = _mm512_loadu_ps(acc + h * hd + 32 * c + 16);
+            _mm512_storeu_ps(o + h * hd + 32 * c, _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), inv));
+            _mm512_storeu_ps(o + h * hd + 32 * c + 16,
+                             _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), inv));
+        }
+    }
+}
+
+/* 1 where a body exists for this group and head_dim (and the row was done), else 0 */
+BF16_DOT_TARGET static int attend_row_bf16_dot(const Args *a, const int64_t *blocks, int64_t len,
+                                               const float *q, float *state, float *o) {
+    const int64_t group = a->heads / a->kv_heads, nv = a->head_dim / 16;
+#define DOT_BODY(G, NV)                                                     \
+    if (group == G && nv == NV) {                                           \
+        attend_row_bf16_dot_gn(a, blocks, len, q, state, o, G, NV);        \
+        return 1;                                                           \
+    }
+    DOT_BODY(1, 4) DOT_BODY(2, 4) DOT_BODY(3, 4) DOT_BODY(4, 4)
+    DOT_BODY(1, 8) DOT_BODY(2, 8)
+#undef DOT_BODY
+    return 0;
+}
+#endif
+
+/* AVX512-BF16 decode bodies for bfloat16 caches: on (1) where the CPU has them, unless switched
+ * off (0) for comparison. Returns whether they are on. */
+int paged_decode_set_bf16_dot(int on) {
+#if defined(HAVE_BF16_DOT)
+    bf16_dot_state = on ? bf16_dot_supported() : 0;
+    return bf16_dot_state;
+#else
+    (void)on;
+    return 0;
+#endif
 }
 
 /* One request row, every kv head: block by block, each block's K and V (contiguous across the
@@ -250,6 +414,9 @@ static inline __attribute__((always_inline)) void attend_row_avx512_nv(
 static void attend_row_avx512(const Args *a, const int64_t *blocks, int64_t len, const float *q,
                               float *state, float *o) {
     const int64_t nv = a->head_dim / 16;
+#if defined(HAVE_BF16_DOT)
+    if (a->bf16 && bf16_dot_enabled() && attend_row_bf16_dot(a, blocks, len, q, state, o)) return;
+#endif
 #define ROW_NV(BF16)                                                            \
     do {                                                                        \
         if (nv == 4)                                                            \
@@ -315,7 +482,8 @@ static int paged_decode(const Args *a, int64_t rows) {
     if (vectorised) { /* one work item per request row, every kv head */
 #pragma omp parallel
         {
-            float *state = malloc(sizeof(float) * a->heads * (2 + a->head_dim));
+            /* m, l, acc, and the queries as bfloat16 (half a float each) for the AVX512-BF16 bodies */
+            float *state = malloc(sizeof(float) * a->heads * (2 + a->head_dim + a->head_dim / 2 + 16));
             if (!state) {
 #pragma omp atomic write
                 failed = 1;
