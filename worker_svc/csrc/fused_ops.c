@@ -58,13 +58,22 @@ static inline __attribute__((always_inline)) void rms_norm(const int bf16, const
 #pragma omp parallel for schedule(static) num_threads(num_threads) \
     if (rows * dim >= PARALLEL_MIN_FLOATS && num_threads > 1)
     for (int64_t r = 0; r < rows; r++) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t d = 0; d < dim; d += 16) {
+        /* four sums: one FMA chain's latency, not the loads, bounded a 576-wide row */
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                         _mm512_setzero_ps()};
+        int64_t d = 0;
+        for (; d + 64 <= dim; d += 64)
+            for (int j = 0; j < 4; j++) {
+                const __m512 v = load_lanes(bf16, x, r * x_stride + d + 16 * j, 0xFFFF);
+                acc[j] = _mm512_fmadd_ps(v, v, acc[j]);
+            }
+        for (; d < dim; d += 16) {
             const __m512 v = load_lanes(bf16, x, r * x_stride + d, first_lanes(dim - d));
-            acc = _mm512_fmadd_ps(v, v, acc);
+            acc[0] = _mm512_fmadd_ps(v, v, acc[0]);
         }
+        const __m512 total = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
         const __m512 scale =
-            _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)dim + eps));
+            _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(total) / (float)dim + eps));
         for (int64_t d = 0; d < dim; d += 16) {
             const __mmask16 m = first_lanes(dim - d);
             const __m512 h = as_stored(bf16, _mm512_mul_ps(load_lanes(bf16, x, r * x_stride + d, m), scale));
