@@ -61,9 +61,22 @@ class PagedDecodeKernel:
             lib.paged_decode_set_bf16_dot.argtypes = [ctypes.c_int]
             lib.paged_decode_set_bf16_dot.restype = ctypes.c_int
             self.set_bf16_dot(os.environ.get("SPLITSERVE_BF16_DOT_ATTENTION") != "0")
+        self.amx_prefill = False  # bfloat16 prefill attention on AMX tiles (head_dim 64)
+        if self._prefill_fns and getattr(lib, "paged_prefill_set_amx", None) is not None:
+            lib.paged_prefill_set_amx.argtypes = [ctypes.c_int]
+            lib.paged_prefill_set_amx.restype = ctypes.c_int
+            self.set_amx_prefill(os.environ.get("SPLITSERVE_AMX_ATTENTION") != "0")
         self._write_kv = lib.write_kv
         self._write_kv.argtypes = [_P, _P, _P, _P, _P] + [_I64] * 8
         self._write_kv.restype = ctypes.c_int
+
+    def set_amx_prefill(self, on: bool) -> bool:
+        """Prefill chunks over a bfloat16 cache (head_dim 64) on AMX tiles where the CPU has
+        them (`SPLITSERVE_AMX_ATTENTION=0` starts with them off): S = QK^T and O += PV as tile
+        products, P rounded to bfloat16 for PV. Returns whether they are on."""
+        fn = getattr(self.lib, "paged_prefill_set_amx", None)
+        self.amx_prefill = bool(fn(int(on))) if fn is not None else False
+        return self.amx_prefill
 
     def set_bf16_dot(self, on: bool) -> bool:
         """Decode rows of a bfloat16 cache through AVX512-BF16 dot products (where the CPU has

@@ -160,27 +160,43 @@ def check_decode_kernel(dtype, bf16_dot, heads, kv_heads, head_dim, bs, q_scale)
             q[r][:, None], k, v, scale=scale, enable_gqa=True
         )[:, 0]
         if bf16_dot:
-            output_rounding = (want.to(torch.bfloat16).float() - want).abs()
-            error = (out[r] - want).abs()
-            assert error.mean() <= 2 * output_rounding.mean() + 1e-6, (r, n, error.mean())
-            assert error.max() < 2 * output_rounding.max() + 1e-3, (r, n, error.max())
+            assert_within_bf16_rounding(out[r], want, (r, n))
         else:
             torch.testing.assert_close(out[r], want, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.skipif(NATIVE is None, reason="no C compiler")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (8, 8, 128), (8, 1, 48)])
+@pytest.mark.parametrize(
+    ("dtype", "amx"), [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)]
+)
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim"), [(9, 3, 64), (8, 8, 128), (8, 1, 48), (8, 1, 64)]
+)
 @pytest.mark.parametrize(("bs", "q_scale"), [(16, 1.0), (8, 1.0), (32, 6.0)])
-def test_native_prefill_kernel_matches_reference(dtype, heads, kv_heads, head_dim, bs, q_scale):
-    """Chunks of every size around the kernel's 16-key slices and 32-query tiles, fresh and
-    after cached tokens, over scattered blocks; sharp scores (q_scale) move the running max
-    (the softmax rescales lazily) from slice to slice."""
-    gen = torch.Generator().manual_seed(2)
+def test_native_prefill_kernel_matches_reference(
+    dtype, amx, heads, kv_heads, head_dim, bs, q_scale
+):
+    """Chunks of every size around the kernel's 16-key slices (32 on AMX) and 32-query tiles,
+    fresh and after cached tokens, over scattered blocks; sharp scores (q_scale) move the
+    running max (the softmax rescales lazily) from slice to slice. The AMX bodies (bfloat16,
+    head_dim 64) round P to bfloat16 before P.V, as torch's bfloat16 attention does: their
+    error is held to the size of the output's own bfloat16 rounding."""
     if not NATIVE.supports_prefill(
         torch.zeros(1, 1, 1, 16, dtype=dtype), heads, kv_heads, head_dim
     ):
         pytest.skip("no AVX-512 prefill kernel here")
+    if amx and not NATIVE.set_amx_prefill(True):
+        pytest.skip("no AMX on this CPU")
+    was_on = NATIVE.amx_prefill
+    NATIVE.set_amx_prefill(amx)
+    try:
+        check_prefill_kernel(dtype, amx and head_dim == 64, heads, kv_heads, head_dim, bs, q_scale)
+    finally:
+        NATIVE.set_amx_prefill(was_on)
+
+
+def check_prefill_kernel(dtype, rounds_p, heads, kv_heads, head_dim, bs, q_scale):
+    gen = torch.Generator().manual_seed(2)
     chunks = [(0, 1), (0, 31), (0, 33), (5, 1), (17, 40), (0, 300), (100, 64), (3, 16)]
     width = max(-(-(c + n) // bs) for c, n in chunks)
     num_blocks = len(chunks) * width + 8
@@ -195,15 +211,27 @@ def test_native_prefill_kernel_matches_reference(dtype, heads, kv_heads, head_di
         v_cache[last, used:] = float("nan")
     lens = torch.tensor([n for _, n in chunks])
     cached = torch.tensor([c for c, _ in chunks])
-    q = torch.randn(int(lens.sum()), heads, head_dim, generator=gen) * q_scale
+    # the runner's queries come from the model's dtype
+    q = (torch.randn(int(lens.sum()), heads, head_dim, generator=gen) * q_scale).to(dtype).float()
     starts = torch.cumsum(lens, 0) - lens
     out = NATIVE.prefill(q, k_cache, v_cache, table, starts, lens, cached, head_dim**-0.5)
-    tolerance = {"atol": 2e-5, "rtol": 1e-4}
     for r, (c, n) in enumerate(chunks):
         k = k_cache[table[r]].flatten(0, 1)[: c + n]
         v = v_cache[table[r]].flatten(0, 1)[: c + n]
         want = reference(q[starts[r] : starts[r] + n], k, v, c)
-        torch.testing.assert_close(out[starts[r] : starts[r] + n], want, **tolerance)
+        got = out[starts[r] : starts[r] + n]
+        if rounds_p:
+            assert_within_bf16_rounding(got, want, (r, c, n))
+        else:
+            torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def assert_within_bf16_rounding(got: torch.Tensor, want: torch.Tensor, where) -> None:
+    """got's error against want no larger (mean: twice) than want's own bfloat16 rounding."""
+    output_rounding = (want.to(torch.bfloat16).float() - want).abs()
+    error = (got - want).abs()
+    assert error.mean() <= 2 * output_rounding.mean() + 1e-6, (where, error.mean())
+    assert error.max() < 2 * output_rounding.max() + 1e-3, (where, error.max())
 
 
 @pytest.mark.skipif(NATIVE is None, reason="no C compiler")
