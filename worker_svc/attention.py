@@ -99,7 +99,7 @@ def paged_attention_forward(
     outs = []
     nd = meta.num_native_decodes
     if nd:
-        q_dec = q[:nd].to(torch.float32).contiguous()
+        q_dec = q[:nd].contiguous()  # float32 or bfloat16: the kernel converts what it must
         o = meta.decode_kernel(
             q_dec,
             k_cache,
@@ -112,7 +112,7 @@ def paged_attention_forward(
         outs.append(o.to(query.dtype))
     if meta.prefill_q_len is not None:
         o = kernel.prefill(
-            q[nd:].to(torch.float32).contiguous(),
+            q[nd:].contiguous(),
             k_cache,
             v_cache,
             meta.prefill_block_table,

@@ -30,6 +30,9 @@ _P = ctypes.c_void_p
 # q, k_cache, v_cache, block_table, its row stride, seq_lens, out, rows, heads, kv_heads,
 # head_dim, block_size, scale, max_seq_len
 _ARGTYPES = [_P, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _F32, _I64]
+# q, k_cache, v_cache, block_table, its row stride, q_start, q_len, cached, chunks, out, heads,
+# kv_heads, head_dim, block_size, scale
+_PREFILL_ARGTYPES = [_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _P] + [_I64] * 4 + [_F32]
 
 _loaded: PagedDecodeKernel | None = None
 _tried = False
@@ -54,8 +57,19 @@ class PagedDecodeKernel:
                 torch.bfloat16: lib.paged_prefill_bf16,
             }
             for fn in self._prefill_fns.values():
-                fn.argtypes = [_P, _P, _P, _P, _I64, _P, _P, _P, _I64, _P] + [_I64] * 4 + [_F32]
+                fn.argtypes = _PREFILL_ARGTYPES
                 fn.restype = ctypes.c_int
+        # bfloat16 q and out straight in and out of the kernels (no float32 copies around the
+        # call), where a body takes them: AVX512-BF16 decode, AMX prefill; -2 elsewhere
+        self._io_fns = {}
+        io_entries = {"paged_decode_bf16_io": _ARGTYPES}
+        if self._prefill_fns:
+            io_entries["paged_prefill_bf16_io"] = _PREFILL_ARGTYPES
+        for name, argtypes in io_entries.items():
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn.argtypes, fn.restype = argtypes, ctypes.c_int
+                self._io_fns[name] = fn
         self.bf16_dot = False  # the AVX512-BF16 decode bodies (bfloat16 caches)
         if getattr(lib, "paged_decode_set_bf16_dot", None) is not None:
             lib.paged_decode_set_bf16_dot.argtypes = [ctypes.c_int]
@@ -130,7 +144,7 @@ class PagedDecodeKernel:
 
     def prefill(
         self,
-        q: torch.Tensor,  # [tokens, heads, head_dim], float32, contiguous: the chunks' queries
+        q: torch.Tensor,  # [tokens, heads, head_dim], contiguous: the chunks' queries
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         block_table: torch.Tensor,  # [chunks, >= max blocks] int64, contiguous
@@ -139,15 +153,25 @@ class PagedDecodeKernel:
         cached: torch.Tensor,  # [chunks] int64: tokens in the cache before each chunk
         scale: float,
     ) -> torch.Tensor:
-        """Causal attention of prefill chunks over their requests' cached and new K/V."""
+        """Causal attention of prefill chunks over their requests' cached and new K/V; q float32,
+        or of the cache's dtype (the result then is too)."""
         _, heads, head_dim = q.shape
         _, block_size, kv_heads, _ = k_cache.shape
+        fn = self._prefill_fns[k_cache.dtype]
+        if q.dtype != torch.float32:
+            fn = self._io_fns.get("paged_prefill_bf16_io") if q.dtype == k_cache.dtype else None
+            if fn is None:
+                return self.prefill(q.float(), k_cache, v_cache, block_table, q_start, q_len,
+                                    cached, scale).to(q.dtype)  # fmt: skip
         out = torch.empty_like(q)
-        rc = self._prefill_fns[k_cache.dtype](
+        rc = fn(
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(),
             block_table.stride(0), q_start.data_ptr(), q_len.data_ptr(), cached.data_ptr(),
             q_len.numel(), out.data_ptr(), heads, kv_heads, head_dim, block_size, scale,
         )  # fmt: skip
+        if rc == -2:  # no body takes bfloat16 q and out here
+            return self.prefill(q.float(), k_cache, v_cache, block_table, q_start, q_len, cached,
+                                scale).to(q.dtype)  # fmt: skip
         if rc != 0:
             raise MemoryError("paged prefill attention could not allocate its scratch buffers")
         return out
@@ -157,7 +181,7 @@ class PagedDecodeKernel:
 
     def __call__(
         self,
-        q: torch.Tensor,  # [rows, heads, head_dim], float32, contiguous
+        q: torch.Tensor,  # [rows, heads, head_dim], float32 or the cache's dtype, contiguous
         k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
         v_cache: torch.Tensor,
         block_table: torch.Tensor,  # [rows, >= max blocks] int64, contiguous
@@ -167,8 +191,14 @@ class PagedDecodeKernel:
     ) -> torch.Tensor:
         rows, heads, head_dim = q.shape
         _, block_size, kv_heads, _ = k_cache.shape
+        fn = self._fns[k_cache.dtype]
+        if q.dtype != torch.float32:
+            fn = self._io_fns.get("paged_decode_bf16_io") if q.dtype == k_cache.dtype else None
+            if fn is None:
+                return self(q.float(), k_cache, v_cache, block_table, seq_lens, max_seq_len,
+                            scale).to(q.dtype)  # fmt: skip
         out = torch.empty_like(q)
-        rc = self._fns[k_cache.dtype](
+        rc = fn(
             q.data_ptr(),
             k_cache.data_ptr(),
             v_cache.data_ptr(),
@@ -184,6 +214,9 @@ class PagedDecodeKernel:
             scale,
             max_seq_len,
         )
+        if rc == -2:  # no body takes bfloat16 q and out here
+            return self(q.float(), k_cache, v_cache, block_table, seq_lens, max_seq_len,
+                        scale).to(q.dtype)  # fmt: skip
         if rc != 0:
             raise MemoryError("paged decode attention could not allocate its scratch buffers")
         return out

@@ -313,3 +313,38 @@ def test_loading_the_kernel_keeps_subnormal_floats():
     assert native_attention.load() is not None
     assert tiny * 1.0 == tiny
     assert torch.tensor([1e-40], dtype=torch.float32).mul(1.0).item() > 0
+
+
+@pytest.mark.skipif(NATIVE is None, reason="no C compiler")
+@pytest.mark.parametrize("fast_bodies", [True, False])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 2, 128), (6, 2, 24)])
+def test_bfloat16_queries_go_in_and_come_out_as_bfloat16(fast_bodies, heads, kv_heads, head_dim):
+    """bfloat16 q straight into the kernels (the AVX512-BF16 decode and AMX prefill bodies read
+    and write bfloat16; anything else converts around the call): the same bits as float32 q
+    with the result rounded to bfloat16 after, on every path."""
+    gen = torch.Generator().manual_seed(5)
+    bs, num_blocks = 16, 64
+    k_cache = torch.randn(num_blocks, bs, kv_heads, head_dim, generator=gen).bfloat16()
+    v_cache = torch.randn(num_blocks, bs, kv_heads, head_dim, generator=gen).bfloat16()
+    table = torch.randperm(num_blocks, generator=gen)[:60].view(3, 20)
+    lens = torch.tensor([1, 77, 300])
+    scale = head_dim**-0.5
+    was = NATIVE.bf16_dot, NATIVE.amx_prefill
+    NATIVE.set_bf16_dot(fast_bodies)
+    NATIVE.set_amx_prefill(fast_bodies)
+    try:
+        q = torch.randn(3, heads, head_dim, generator=gen).bfloat16()
+        got = NATIVE(q, k_cache, v_cache, table, lens, int(lens.max()), scale)
+        want = NATIVE(q.float(), k_cache, v_cache, table, lens, int(lens.max()), scale)
+        assert got.dtype == torch.bfloat16 and torch.equal(got, want.bfloat16())
+        if NATIVE.supports_prefill(k_cache, heads, kv_heads, head_dim):
+            cached = torch.tensor([0, 40, 250])
+            q_len = lens - cached
+            starts = torch.cumsum(q_len, 0) - q_len
+            q = torch.randn(int(q_len.sum()), heads, head_dim, generator=gen).bfloat16()
+            got = NATIVE.prefill(q, k_cache, v_cache, table, starts, q_len, cached, scale)
+            want = NATIVE.prefill(q.float(), k_cache, v_cache, table, starts, q_len, cached, scale)
+            assert got.dtype == torch.bfloat16 and torch.equal(got, want.bfloat16())
+    finally:
+        NATIVE.set_bf16_dot(was[0])
+        NATIVE.set_amx_prefill(was[1])

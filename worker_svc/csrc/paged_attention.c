@@ -41,6 +41,7 @@ typedef struct {
     float scale;
     int64_t max_seq_len;
     int bf16;
+    int io_bf16; /* q and out bfloat16 (the AVX512-BF16 bodies only), else float32 */
 } Args;
 
 static inline float bf16_to_f32(uint16_t x) {
@@ -318,8 +319,11 @@ BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_row_bf1
     uint16_t *qb = (uint16_t *)(acc + heads * hd);
     for (int64_t h = 0; h < heads; h++) m[h] = -INFINITY, l[h] = 0.f;
     memset(acc, 0, sizeof(float) * heads * hd);
-    for (int64_t i = 0; i < heads * hd; i += 16)
-        _mm256_storeu_si256((__m256i *)(qb + i), round_to_bf16x16(_mm512_loadu_ps(q + i)));
+    if (a->io_bf16)
+        memcpy(qb, q, sizeof(uint16_t) * heads * hd);
+    else
+        for (int64_t i = 0; i < heads * hd; i += 16)
+            _mm256_storeu_si256((__m256i *)(qb + i), round_to_bf16x16(_mm512_loadu_ps(q + i)));
     prefetch_whole_block(a, blocks, 0, min64(bs, len));
     for (int64_t b = 0; b < nblocks; b++) {
         const int64_t block_start = b * bs, block_n = min64(bs, len - block_start);
@@ -339,11 +343,23 @@ BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_row_bf1
         for (int c = 0; c < NV / 2; c++) {
             const __m512 lo = _mm512_loadu_ps(acc + h * hd + 32 * c);
             const __m512 hi = _mm512_loadu_ps(acc + h * hd + 32 * c + 16);
-            _mm512_storeu_ps(o + h * hd + 32 * c, _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), inv));
-            _mm512_storeu_ps(o + h * hd + 32 * c + 16,
-                             _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), inv));
+            const __m512 o0 = _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), inv);
+            const __m512 o1 = _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), inv);
+            if (a->io_bf16) { /* rounded as torch's .to(bfloat16) of the float32 result */
+                uint16_t *ob = (uint16_t *)o + h * hd + 32 * c;
+                _mm256_storeu_si256((__m256i *)ob, round_to_bf16x16(o0));
+                _mm256_storeu_si256((__m256i *)(ob + 16), round_to_bf16x16(o1));
+            } else {
+                _mm512_storeu_ps(o + h * hd + 32 * c, o0);
+                _mm512_storeu_ps(o + h * hd + 32 * c + 16, o1);
+            }
         }
     }
+}
+
+/* whether attend_row_bf16_dot has a body for this group and head_dim */
+static int bf16_dot_has_body(int64_t group, int64_t nv) {
+    return (nv == 4 && group >= 1 && group <= 4) || (nv == 8 && (group == 1 || group == 2));
 }
 
 /* 1 where a body exists for this group and head_dim (and the row was done), else 0 */
@@ -477,6 +493,13 @@ static int paged_decode(const Args *a, int64_t rows) {
 #if defined(__AVX512F__)
     vectorised = a->head_dim % 16 == 0 && a->head_dim / 16 <= MAX_VECS;
 #endif
+    if (a->io_bf16) { /* only the AVX512-BF16 bodies take bfloat16 q and out */
+        int ok = 0;
+#if defined(HAVE_BF16_DOT)
+        ok = vectorised && a->bf16 && bf16_dot_enabled() && bf16_dot_has_body(group, a->head_dim / 16);
+#endif
+        if (!ok) return -2;
+    }
     int failed = 0;
 #if defined(__AVX512F__)
     if (vectorised) { /* one work item per request row, every kv head */
@@ -491,9 +514,10 @@ static int paged_decode(const Args *a, int64_t rows) {
 #pragma omp for schedule(dynamic, 1)
             for (int64_t r = 0; r < rows; r++) {
                 if (!state) continue;
+                const int64_t at = r * a->heads * a->head_dim * (a->io_bf16 ? 2 : 4); /* bytes */
                 attend_row_avx512(a, a->block_table + r * a->block_table_stride, a->seq_lens[r],
-                                  a->q + r * a->heads * a->head_dim, state,
-                                  a->out + r * a->heads * a->head_dim);
+                                  (const float *)((const char *)a->q + at), state,
+                                  (float *)((char *)a->out + at));
             }
             free(state);
         }
@@ -526,19 +550,21 @@ static int paged_decode(const Args *a, int64_t rows) {
     return failed ? -1 : 0;
 }
 
-#define DEFINE_ENTRY(NAME, IS_BF16)                                                            \
+#define DEFINE_ENTRY(NAME, IS_BF16, IO_BF16)                                                   \
     int NAME(const float *q, const void *k_cache, const void *v_cache,                         \
              const int64_t *block_table, int64_t block_table_stride, const int64_t *seq_lens,  \
              float *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim,      \
              int64_t block_size, float scale, int64_t max_seq_len) {                           \
         Args a = {q,     k_cache,  v_cache,  block_table, block_table_stride,                  \
                   seq_lens, out,   heads,    kv_heads,    head_dim,                            \
-                  block_size, scale, max_seq_len, IS_BF16};                                    \
+                  block_size, scale, max_seq_len, IS_BF16, IO_BF16};                           \
         return paged_decode(&a, rows);                                                         \
     }
 
-DEFINE_ENTRY(paged_decode_f32, 0)
-DEFINE_ENTRY(paged_decode_bf16, 1)
+DEFINE_ENTRY(paged_decode_f32, 0, 0)
+DEFINE_ENTRY(paged_decode_bf16, 1, 0)
+/* q and out bfloat16 too (no conversions around the call); -2 where no body takes them */
+DEFINE_ENTRY(paged_decode_bf16_io, 1, 1)
 
 /* Write the step's new K and V into their cache slots. Source element (head h, token t, d) of k
  * sits at k + (h * k_head_stride + t * k_token_stride + d) elements (any layout with d

@@ -51,6 +51,7 @@ typedef struct {
     int64_t heads, kv_heads, head_dim, block_size;
     float scale;
     int bf16;
+    int io_bf16; /* q and out bfloat16 (the AMX bodies only), else float32 */
 } Args;
 
 int paged_prefill_available(void) { return 1; }
@@ -245,9 +246,12 @@ AMX_TARGET static void attend_item_amx(const Args *a, int64_t chunk, int64_t i0,
     int64_t pos[QT * MAX_GROUP];
     for (int64_t i = i0, v = 0; i < i1; i++)
         for (int64_t g = 0; g < group; g++, v++) {
-            const float *q = a->q + ((a->q_start[chunk] + i) * heads + kh * group + g) * HD;
-            for (int j = 0; j < HD / 16; j++)
-                _mm256_storeu_si256((__m256i *)(qb + v * HD + 16 * j), round_to_bf16x16(_mm512_loadu_ps(q + 16 * j)));
+            const int64_t at = ((a->q_start[chunk] + i) * heads + kh * group + g) * HD;
+            if (a->io_bf16)
+                memcpy(qb + v * HD, (const uint16_t *)a->q + at, sizeof(uint16_t) * HD);
+            else
+                for (int j = 0; j < HD / 16; j++)
+                    _mm256_storeu_si256((__m256i *)(qb + v * HD + 16 * j), round_to_bf16x16(_mm512_loadu_ps(a->q + at + 16 * j)));
             pos[v] = c + i;
             m[v] = -INFINITY;
         }
@@ -367,10 +371,15 @@ AMX_TARGET static void attend_item_amx(const Args *a, int64_t chunk, int64_t i0,
     }
     for (int64_t i = i0, v = 0; i < i1; i++)
         for (int64_t g = 0; g < group; g++, v++) {
-            float *out = a->out + ((a->q_start[chunk] + i) * heads + kh * group + g) * HD;
+            const int64_t at = ((a->q_start[chunk] + i) * heads + kh * group + g) * HD;
             const __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(_mm512_loadu_ps(l + 16 * v)));
-            for (int j = 0; j < HD / 16; j++)
-                _mm512_storeu_ps(out + 16 * j, _mm512_mul_ps(_mm512_loadu_ps(o + v * HD + 16 * j), inv));
+            for (int j = 0; j < HD / 16; j++) {
+                const __m512 r = _mm512_mul_ps(_mm512_loadu_ps(o + v * HD + 16 * j), inv);
+                if (a->io_bf16) /* rounded as torch's .to(bfloat16) of the float32 result */
+                    _mm256_storeu_si256((__m256i *)((uint16_t *)a->out + at + 16 * j), round_to_bf16x16(r));
+                else
+                    _mm512_storeu_ps(a->out + at + 16 * j, r);
+            }
         }
 }
 
@@ -419,6 +428,10 @@ static int paged_prefill(const Args *a, int64_t chunks) {
 #if defined(HAVE_AMX_PREFILL)
     amx = a->bf16 && a->head_dim == 64 && amx_prefill_enabled();
 #endif
+    if (a->io_bf16 && !amx) { /* only the AMX bodies take bfloat16 q and out */
+        free(tiles);
+        return -2;
+    }
 #pragma omp parallel
     {
         const int64_t nq = QT * group, hd = a->head_dim;
@@ -455,19 +468,21 @@ static int paged_prefill(const Args *a, int64_t chunks) {
     return failed ? -1 : 0;
 }
 
-#define DEFINE_ENTRY(NAME, IS_BF16)                                                              \
+#define DEFINE_ENTRY(NAME, IS_BF16, IO_BF16)                                                     \
     int NAME(const float *q, const void *k_cache, const void *v_cache, const int64_t *block_table, \
              int64_t block_table_stride, const int64_t *q_start, const int64_t *q_len,           \
              const int64_t *cached, int64_t chunks, float *out, int64_t heads, int64_t kv_heads,  \
              int64_t head_dim, int64_t block_size, float scale) {                                \
         Args a = {q,      k_cache, v_cache, block_table, block_table_stride, q_start,            \
                   q_len,  cached,  out,     heads,       kv_heads,           head_dim,           \
-                  block_size, scale, IS_BF16};                                                   \
+                  block_size, scale, IS_BF16, IO_BF16};                                          \
         return paged_prefill(&a, chunks);                                                        \
     }
 
-DEFINE_ENTRY(paged_prefill_f32, 0)
-DEFINE_ENTRY(paged_prefill_bf16, 1)
+DEFINE_ENTRY(paged_prefill_f32, 0, 0)
+DEFINE_ENTRY(paged_prefill_bf16, 1, 0)
+/* q and out bfloat16 too (no conversions around the call); -2 where no body takes them */
+DEFINE_ENTRY(paged_prefill_bf16_io, 1, 1)
 #else
 int paged_prefill_available(void) { return 0; }
 #endif
