@@ -73,7 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2,
                    help="CPU threads of every system (torch, worker, llama -t/-tb)")  # fmt: skip
-    p.add_argument("--max-num-batched-tokens", type=int, default=1024,
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="splitserve's step token budget (the scheduler default); also "
                    "transformers' max_batch_tokens")  # fmt: skip
     p.add_argument("--max-num-seqs", type=int, default=128, help="splitserve's running cap")

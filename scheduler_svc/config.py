@@ -18,7 +18,7 @@ class SchedulerServiceConfig:
     model: str | None = _opt(None, "model: HF directory, .gguf file, or default SmolLM2-135M")
     served_model_name: str | None = _opt(None, "name clients use; default: the model's name")
     max_model_len: int = _opt(4096, "longest prompt + output in tokens")
-    max_num_batched_tokens: int = _opt(1024, "token budget of one step per worker")
+    max_num_batched_tokens: int = _opt(2048, "token budget of one step per worker")
     max_num_seqs: int = _opt(128, "most requests running at once per worker")
     scheduling_policy: str = _opt(
         "fcfs", "queue order: fcfs, priority, sjf, sjf-aging, priority-aging, fair, deadline"
