@@ -21,43 +21,16 @@
 #include <unistd.h>
 
 #if defined(__x86_64__) && defined(__AVX512F__) && defined(__GNUC__) && __GNUC__ >= 11
-#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
 
+#include "amx_tiles.h"
 #include "simd_math.h"
 
-#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
 #define ROW_BLOCK 64 /* rows per block (2048 rows: 1.9 TFLOP/s; 256-row blocks 1.75, none 1.3) */
 #define PREFETCH_BYTES 4096 /* B read ahead: four K slices */
 
-typedef struct {
-    uint8_t palette_id, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} TileConfig;
-
-/* 1 where the CPU has AMX-BF16 and the kernel lets this process use the tile registers. */
-int amx_gemm_available(void) {
-    static int state = -1;
-    if (state >= 0) return state;
-    unsigned eax, ebx, ecx, edx;
-    state = 0;
-    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx & (1u << 22)) && (edx & (1u << 24)) &&
-        syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0)
-        state = 1;
-    return state;
-}
-
-AMX_TARGET static void configure_tiles(void) {
-    TileConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette_id = 1;
-    for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-    _tile_loadconfig(&cfg);
-}
+int amx_gemm_available(void) { return amx_permitted(); }
 
 /* 16 float32 sums of a row (+ bias) rounded to bfloat16 into y */
 AMX_TARGET static inline void store_row(const float *sums, const uint16_t *bias, uint16_t *y) {
@@ -137,7 +110,7 @@ AMX_TARGET static int gemm(const uint16_t *x, int64_t M, int64_t K, int64_t lda,
         const int64_t pairs = panels / 2, threads = omp_get_num_threads(), t = omp_get_thread_num();
         const int64_t first = pairs * t / threads, last = pairs * (t + 1) / threads;
         float sums[32 * 32] __attribute__((aligned(64)));
-        configure_tiles();
+        amx_configure_tiles();
         /* rows in blocks of ROW_BLOCK (their x stays in L2 while the thread's panels pass) */
         for (int64_t rb = 0; rb < row_tiles; rb += ROW_BLOCK / 16)
         for (int64_t q = first; q < last; q++) {

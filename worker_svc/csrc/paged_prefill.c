@@ -20,6 +20,7 @@
  * bfloat16 caches with head_dim 64 on CPUs with AMX (checked at run time) take tile bodies
  * instead (attend_item_amx): the W64 prefill step 461 -> 415 ms (5 alternating pairs).
  */
+#define _GNU_SOURCE /* syscall(), for amx_tiles.h */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -197,30 +198,15 @@ static inline __attribute__((always_inline)) void attend_item_nv(const Args *a, 
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && __GNUC__ >= 11
-#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))
+#include "amx_tiles.h"
 #define AMX_KEYS 32 /* keys per slice: one bfloat16 tile's depth */
-int amx_gemm_available(void); /* amx_gemm.c: the CPU has AMX-BF16 and the kernel lets us use it */
 
 /* -1: not asked yet; 0: off; 1: on */
 static int amx_prefill_state = -1;
 
 static int amx_prefill_enabled(void) {
-    if (amx_prefill_state < 0) amx_prefill_state = amx_gemm_available();
+    if (amx_prefill_state < 0) amx_prefill_state = amx_permitted();
     return amx_prefill_state;
-}
-
-typedef struct {
-    uint8_t palette_id, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} TileConfig;
-
-AMX_TARGET static void configure_tiles(void) {
-    TileConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette_id = 1;
-    for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-    _tile_loadconfig(&cfg);
 }
 
 /* attend_item for a bfloat16 cache and head_dim 64 on AMX tiles: per 32-key slice,
@@ -386,8 +372,6 @@ AMX_TARGET static void attend_item_amx(const Args *a, int64_t chunk, int64_t i0,
 /* scratch floats attend_item_amx needs (head_dim 64, up to QT * MAX_GROUP query vectors) */
 #define AMX_SCRATCH_FLOATS ((QT * MAX_GROUP) * (64 + 16 + 1 + 32 + 32 + 16) + 8 * 256 + 64)
 
-AMX_TARGET static void amx_tiles_on(void) { configure_tiles(); }
-AMX_TARGET static void amx_tiles_off(void) { _tile_release(); }
 #define HAVE_AMX_PREFILL 1
 #endif
 
@@ -395,7 +379,7 @@ AMX_TARGET static void amx_tiles_off(void) { _tile_release(); }
  * unless switched off (0) for comparison. Returns whether they are on. */
 int paged_prefill_set_amx(int on) {
 #if defined(HAVE_AMX_PREFILL)
-    amx_prefill_state = on ? amx_gemm_available() : 0;
+    amx_prefill_state = on ? amx_permitted() : 0;
     return amx_prefill_state;
 #else
     (void)on;
@@ -438,7 +422,7 @@ static int paged_prefill(const Args *a, int64_t chunks) {
         int64_t floats = (QT * MAX_GROUP + nq) * hd + 17 * nq + 32 * hd;
 #if defined(HAVE_AMX_PREFILL)
         if (amx && floats < AMX_SCRATCH_FLOATS) floats = AMX_SCRATCH_FLOATS;
-        if (amx) amx_tiles_on();
+        if (amx) amx_configure_tiles();
 #endif
         float *scratch = malloc(sizeof(float) * floats);
         if (!scratch) {
@@ -460,7 +444,7 @@ static int paged_prefill(const Args *a, int64_t chunks) {
             }
         free(scratch);
 #if defined(HAVE_AMX_PREFILL)
-        if (amx) amx_tiles_off();
+        if (amx) amx_release_tiles();
 #endif
     }
     (void)amx;
