@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import numpy as np
@@ -133,12 +134,22 @@ def test_native_decode_kernel_matches_sdpa(dtype, bf16_dot, heads, kv_heads, hea
     size of the bfloat16 rounding of the output itself (which the runner applies next)."""
     if bf16_dot and not NATIVE.set_bf16_dot(True):
         pytest.skip("no AVX512-BF16 on this CPU")
-    was_on = NATIVE.bf16_dot
-    NATIVE.set_bf16_dot(bf16_dot)
-    try:
+    with kernel_bodies(bf16_dot=bf16_dot):
         check_decode_kernel(dtype, bf16_dot, heads, kv_heads, head_dim, bs, q_scale)
+
+
+@contextmanager
+def kernel_bodies(**switches: bool):
+    """NATIVE's optional bodies (bf16_dot, amx_prefill) set for the block, then put back."""
+    setters = {"bf16_dot": NATIVE.set_bf16_dot, "amx_prefill": NATIVE.set_amx_prefill}
+    was = {name: getattr(NATIVE, name) for name in switches}
+    for name, on in switches.items():
+        setters[name](on)
+    try:
+        yield
     finally:
-        NATIVE.set_bf16_dot(was_on)
+        for name, on in was.items():
+            setters[name](on)
 
 
 def check_decode_kernel(dtype, bf16_dot, heads, kv_heads, head_dim, bs, q_scale):
@@ -187,12 +198,8 @@ def test_native_prefill_kernel_matches_reference(
         pytest.skip("no AVX-512 prefill kernel here")
     if amx and not NATIVE.set_amx_prefill(True):
         pytest.skip("no AMX on this CPU")
-    was_on = NATIVE.amx_prefill
-    NATIVE.set_amx_prefill(amx)
-    try:
+    with kernel_bodies(amx_prefill=amx):
         check_prefill_kernel(dtype, amx and head_dim == 64, heads, kv_heads, head_dim, bs, q_scale)
-    finally:
-        NATIVE.set_amx_prefill(was_on)
 
 
 def check_prefill_kernel(dtype, rounds_p, heads, kv_heads, head_dim, bs, q_scale):
@@ -329,10 +336,7 @@ def test_bfloat16_queries_go_in_and_come_out_as_bfloat16(fast_bodies, heads, kv_
     table = torch.randperm(num_blocks, generator=gen)[:60].view(3, 20)
     lens = torch.tensor([1, 77, 300])
     scale = head_dim**-0.5
-    was = NATIVE.bf16_dot, NATIVE.amx_prefill
-    NATIVE.set_bf16_dot(fast_bodies)
-    NATIVE.set_amx_prefill(fast_bodies)
-    try:
+    with kernel_bodies(bf16_dot=fast_bodies, amx_prefill=fast_bodies):
         q = torch.randn(3, heads, head_dim, generator=gen).bfloat16()
         got = NATIVE(q, k_cache, v_cache, table, lens, int(lens.max()), scale)
         want = NATIVE(q.float(), k_cache, v_cache, table, lens, int(lens.max()), scale)
@@ -345,6 +349,3 @@ def test_bfloat16_queries_go_in_and_come_out_as_bfloat16(fast_bodies, heads, kv_
             got = NATIVE.prefill(q, k_cache, v_cache, table, starts, q_len, cached, scale)
             want = NATIVE.prefill(q.float(), k_cache, v_cache, table, starts, q_len, cached, scale)
             assert got.dtype == torch.bfloat16 and torch.equal(got, want.bfloat16())
-    finally:
-        NATIVE.set_bf16_dot(was[0])
-        NATIVE.set_amx_prefill(was[1])

@@ -357,9 +357,14 @@ BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_row_bf1
     }
 }
 
-/* whether attend_row_bf16_dot has a body for this group and head_dim */
+/* the (group, head_dim / 16) pairs with an AVX512-BF16 body; G x NV accumulators <= 16 */
+#define DOT_BODIES(X) X(1, 4) X(2, 4) X(3, 4) X(4, 4) X(1, 8) X(2, 8)
+
 static int bf16_dot_has_body(int64_t group, int64_t nv) {
-    return (nv == 4 && group >= 1 && group <= 4) || (nv == 8 && (group == 1 || group == 2));
+#define HAS_BODY(G, NV) if (group == G && nv == NV) return 1;
+    DOT_BODIES(HAS_BODY)
+#undef HAS_BODY
+    return 0;
 }
 
 /* 1 where a body exists for this group and head_dim (and the row was done), else 0 */
@@ -371,8 +376,7 @@ BF16_DOT_TARGET static int attend_row_bf16_dot(const Args *a, const int64_t *blo
         attend_row_bf16_dot_gn(a, blocks, len, q, state, o, G, NV);        \
         return 1;                                                           \
     }
-    DOT_BODY(1, 4) DOT_BODY(2, 4) DOT_BODY(3, 4) DOT_BODY(4, 4)
-    DOT_BODY(1, 8) DOT_BODY(2, 8)
+    DOT_BODIES(DOT_BODY)
 #undef DOT_BODY
     return 0;
 }

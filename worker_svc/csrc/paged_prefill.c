@@ -400,6 +400,11 @@ static void attend_item(const Args *a, int64_t chunk, int64_t i0, int64_t kh, fl
 static int paged_prefill(const Args *a, int64_t chunks) {
     const int64_t group = a->heads / a->kv_heads;
     if (a->head_dim % 16 || a->head_dim > MAX_HEAD_DIM || group > MAX_GROUP) return -1;
+    int amx = 0;
+#if defined(HAVE_AMX_PREFILL)
+    amx = a->bf16 && a->head_dim == 64 && amx_prefill_enabled();
+#endif
+    if (a->io_bf16 && !amx) return -2; /* only the AMX bodies take bfloat16 q and out */
     int64_t items = 0;
     for (int64_t ch = 0; ch < chunks; ch++) items += (a->q_len[ch] + QT - 1) / QT;
     /* (chunk, first query) of each tile, so that the items can be split evenly */
@@ -408,14 +413,6 @@ static int paged_prefill(const Args *a, int64_t chunks) {
     for (int64_t ch = 0, k = 0; ch < chunks; ch++)
         for (int64_t i0 = 0; i0 < a->q_len[ch]; i0 += QT, k++) tiles[2 * k] = ch, tiles[2 * k + 1] = i0;
     int failed = 0;
-    int amx = 0;
-#if defined(HAVE_AMX_PREFILL)
-    amx = a->bf16 && a->head_dim == 64 && amx_prefill_enabled();
-#endif
-    if (a->io_bf16 && !amx) { /* only the AMX bodies take bfloat16 q and out */
-        free(tiles);
-        return -2;
-    }
 #pragma omp parallel
     {
         const int64_t nq = QT * group, hd = a->head_dim;
