@@ -22,6 +22,7 @@ import tokenizers
 from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE
 
+from common.byte_pieces import BytePieces, build_byte_pieces
 from common.model_source import ModelSource, read_gguf_metadata, resolve_model, write_atomically
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -53,6 +54,13 @@ class Tokenizer:
     chat_template: str | None = None
     special_tokens: dict[str, str | None] = field(default_factory=dict)  # bos/eos/pad/unk
     add_bos_token: bool = False
+    _byte_pieces: list = field(default_factory=list, repr=False, compare=False)  # [table|None]
+
+    def byte_pieces(self) -> BytePieces | None:
+        """Token id -> bytes when this is a byte-level BPE tokenizer (built once, ~0.2 s)."""
+        if not self._byte_pieces:
+            self._byte_pieces.append(build_byte_pieces(self.backend))
+        return self._byte_pieces[0]
 
     def token_id(self, role: str) -> int | None:
         token = self.special_tokens.get(role)

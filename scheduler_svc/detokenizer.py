@@ -4,12 +4,16 @@ Decoding token by token breaks multi-byte characters and merges (a space that be
 next word, a character split over two byte tokens). We decode a short window twice: the text up
 to the last emitted token, and the text including the new tokens; the difference is new text,
 unless it ends in U+FFFD (an incomplete character), in which case we wait for more tokens.
+Byte-level BPE tokenizers (the usual case) skip all that: a token is a few bytes from a table
+(common/byte_pieces.py) and only a character split over tokens waits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from common.byte_pieces import complete_utf8_prefix
 
 try:  # the Rust incremental decoder (tokenizers >= 0.21): one call per step, no re-decoding
     from tokenizers.decoders import DecodeStream
@@ -40,6 +44,10 @@ class IncrementalDetokenizer:
     read_offset: int = 0
     stop_hit: str | None = None
     stream: Any = None  # a DecodeStream when the decoder is a tokenizers-backed Tokenizer
+    # byte-level BPE: token id -> bytes / -> text when complete alone (common/byte_pieces.py)
+    pieces: tuple[bytes, ...] | None = None
+    texts: tuple[str | None, ...] = ()
+    pending: bytes = b""  # the started character's bytes, waiting for the rest
 
     @classmethod
     def for_prompt(
@@ -49,12 +57,18 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool,
         stop_strings: list[str],
     ) -> IncrementalDetokenizer:
+        stops = [s for s in stop_strings if s]
+        keep = max((len(s) for s in stops), default=1) - 1
+        byte_pieces = getattr(decoder, "byte_pieces", None)
+        table = byte_pieces() if byte_pieces is not None else None
+        if table is not None:
+            pieces, texts = table.tables(skip_special_tokens)
+            return cls(decoder, skip_special_tokens, stops, pieces=pieces, texts=texts, keep=keep)
         tail = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         backend = getattr(decoder, "backend", None)
         stream = None
         if backend is not None and DecodeStream is not None:
             stream = DecodeStream(ids=tail, skip_special_tokens=skip_special_tokens)
-        stops = [s for s in stop_strings if s]
         return cls(
             decoder=decoder,
             skip_special_tokens=skip_special_tokens,
@@ -63,12 +77,22 @@ class IncrementalDetokenizer:
             prefix_offset=0,
             read_offset=0 if stream is not None else len(tail),
             stream=stream,
-            keep=max((len(s) for s in stops), default=1) - 1,
+            keep=keep,
         )
 
     def push(self, new_token_ids: list[int], final: bool) -> str:
         """add_tokens, then take_delta (final as well once a stop string is hit): the new
-        text safe to show. One Rust call for the usual case (no stop strings)."""
+        text safe to show. A table lookup (byte-level BPE) or one Rust call for the usual case
+        (no stop strings)."""
+        if self.pieces is not None and not self.stop_strings:
+            if len(new_token_ids) == 1 and not self.pending:
+                token_id = new_token_ids[0]
+                texts = self.texts
+                if 0 <= token_id < len(texts):
+                    text = texts[token_id]
+                    if text is not None:
+                        return text
+            return self._bytes_to_text(new_token_ids, final)
         stream = self.stream
         if stream is not None and not self.stop_strings and not self.text:
             if not new_token_ids:
@@ -78,12 +102,28 @@ class IncrementalDetokenizer:
                 new_token_ids[0] if len(new_token_ids) == 1 else list(new_token_ids),
             )
             return piece or ""
-        self.add_tokens(new_token_ids)
+        self.add_tokens(new_token_ids, final)
         return self.take_delta(final or self.stop_hit is not None)
 
-    def add_tokens(self, new_token_ids: list[int]) -> None:
+    def _bytes_to_text(self, new_token_ids: list[int], final: bool) -> str:
+        pieces = self.pieces
+        size = len(pieces)
+        data = self.pending + b"".join(pieces[t] for t in new_token_ids if 0 <= t < size)
+        cut = len(data) if final else complete_utf8_prefix(data)
+        self.pending = data[cut:]
+        return data[:cut].decode("utf-8", "replace")
+
+    def add_tokens(self, new_token_ids: list[int], final: bool = False) -> None:
         """Decode new tokens into self.text; checks stop strings."""
         if self.stop_hit is not None:
+            return
+        if self.pieces is not None:
+            piece = self._bytes_to_text(new_token_ids, final)
+            if piece:
+                before = len(self.text)
+                self.text += piece
+                if self.stop_strings:
+                    self._check_stop(before)
             return
         if self.stream is not None:
             if new_token_ids:

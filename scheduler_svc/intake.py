@@ -37,6 +37,10 @@ class Intake:
 
     def __init__(self, tokenizer, model_name: str, aliases: set[str], max_model_len: int) -> None:
         self.tokenizer = tokenizer
+        # the byte table the detokenizers share, built now rather than on the first request
+        byte_pieces = getattr(tokenizer, "byte_pieces", None)
+        if byte_pieces is not None:
+            byte_pieces()
         self.model_name = model_name
         self.aliases = aliases | {model_name}
         self.max_model_len = max_model_len

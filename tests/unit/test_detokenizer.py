@@ -1,7 +1,13 @@
-"""Incremental detokenization: token-by-token text equals whole decoding; stop strings."""
+"""Incremental detokenization: token-by-token text equals whole decoding; stop strings. Every
+test runs on the three ways of turning tokens into text: the byte table of byte-level BPE
+tokenizers, the tokenizers library's DecodeStream, and re-decoding a short window."""
+
+import random
 
 import pytest
+import tokenizers
 
+from common.byte_pieces import build_byte_pieces, complete_utf8_prefix
 from common.tokenizer import load_tokenizer
 from scheduler_svc.detokenizer import IncrementalDetokenizer
 
@@ -12,9 +18,93 @@ TEXTS = [
 ]
 
 
+class WithoutTable:
+    """The real tokenizer minus its byte table (and minus the backend for the window path)."""
+
+    def __init__(self, tokenizer, keep_backend: bool) -> None:
+        self._tokenizer = tokenizer
+        if keep_backend:
+            self.backend = tokenizer.backend
+
+    def encode(self, text):
+        return self._tokenizer.encode(text)
+
+    def decode(self, ids, skip_special_tokens=True):
+        return self._tokenizer.decode(ids, skip_special_tokens)
+
+
 @pytest.fixture(scope="module")
-def tok():
+def real_tok():
     return load_tokenizer(None)
+
+
+@pytest.fixture(scope="module", params=["byte_table", "decode_stream", "window"])
+def tok(request, real_tok):
+    if request.param == "byte_table":
+        assert real_tok.byte_pieces() is not None
+        return real_tok
+    return WithoutTable(real_tok, keep_backend=request.param == "decode_stream")
+
+
+def test_detokenizer_picks_the_byte_table_for_byte_level_bpe(real_tok):
+    detok = IncrementalDetokenizer.for_prompt(real_tok, [1, 2], True, [])
+    assert detok.pieces is not None and detok.stream is None
+    detok = IncrementalDetokenizer.for_prompt(WithoutTable(real_tok, True), [1, 2], True, [])
+    assert detok.pieces is None and detok.stream is not None
+
+
+def test_byte_table_equals_the_tokenizer_on_random_sequences(real_tok):
+    """Random ids (special tokens and lone partial characters included), pushed in random
+    chunks: the text so far always equals decoding all ids, but for a started character held
+    back; once final, exactly the tokenizer's decode (replacement characters included)."""
+    rng = random.Random(7)
+    table = real_tok.byte_pieces()
+    partial = [i for i, t in enumerate(table.texts) if t is None]
+    assert len(partial) > 100  # byte tokens that are pieces of multi-byte characters
+    for skip in (True, False):
+        for _ in range(60):
+            ids = [rng.choice(partial) if rng.random() < 0.3 else rng.randrange(real_tok.vocab_size)
+                   for _ in range(rng.randrange(1, 40))]  # fmt: skip
+            detok = IncrementalDetokenizer.for_prompt(real_tok, [], skip, [])
+            text, i = "", 0
+            while i < len(ids):
+                n = rng.randrange(1, 4)
+                text += detok.push(ids[i : i + n], final=i + n >= len(ids))
+                i += n
+                if i < len(ids):
+                    full = real_tok.decode(ids[:i], skip)
+                    assert full.startswith(text) and len(full) - len(text) <= 1
+            assert text == real_tok.decode(ids, skip)
+
+
+def test_a_character_split_over_tokens_waits_for_its_last_byte(real_tok):
+    table = real_tok.byte_pieces()
+    by_bytes = {p: i for i, p in enumerate(table.pieces)}
+    emoji = "🎉".encode()
+    if not all(bytes([b]) in by_bytes for b in emoji):
+        pytest.skip("the vocabulary has no single-byte tokens for this character")
+    ids = [by_bytes[bytes([b])] for b in emoji]
+    detok = IncrementalDetokenizer.for_prompt(real_tok, [], True, [])
+    assert [detok.push([t], final=False) for t in ids] == ["", "", "", "🎉"]
+    detok = IncrementalDetokenizer.for_prompt(real_tok, [], True, [])
+    assert detok.push(ids[:2], final=True) == real_tok.decode(ids[:2]) == "\ufffd"
+
+
+def test_complete_utf8_prefix():
+    for text in ("a", "é", "你", "🎉", "a你🎉"):
+        data = text.encode()
+        assert complete_utf8_prefix(data) == len(data)
+        for cut in range(1, len(text[-1].encode())):
+            assert complete_utf8_prefix(data[:-cut]) == len(data) - len(text[-1].encode())
+    assert complete_utf8_prefix(b"") == 0
+    assert complete_utf8_prefix(b"\x80\x80") == 2  # stray continuation bytes: not held
+
+
+def test_no_byte_table_for_other_decoders():
+    vocab = {"[UNK]": 0, "hello": 1, "##lo": 2}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordPiece(vocab, unk_token="[UNK]"))
+    backend.decoder = tokenizers.decoders.WordPiece()
+    assert build_byte_pieces(backend) is None
 
 
 def stream(tok, prompt_ids, ids, stop=(), chunk=1):
