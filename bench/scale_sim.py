@@ -30,6 +30,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common import event_loop  # noqa: E402
 from common.logging import configure_logging  # noqa: E402
 from scheduler_svc.config import SchedulerServiceConfig  # noqa: E402
 from scheduler_svc.core import (  # noqa: E402
@@ -178,6 +179,7 @@ async def run_point(n_workers: int, args, progress) -> dict:
             "async_scheduling": not args.no_async,
             "real_model": args.real,
             "tuned_gc": not args.default_gc,
+            "event_loop": event_loop.loop_name(),
         }
         progress(result)
         return result
@@ -219,6 +221,10 @@ def main() -> None:
         "--real", action="store_true", help="real SmolLM2 workers instead of simulated ones"
     )
     parser.add_argument("--max-tokens", type=int, default=6000)
+    parser.add_argument(
+        "--event-loop", choices=event_loop.EVENT_LOOPS, default="auto",
+        help="the scheduler's loop (the service's --event-loop)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     configure_logging("warning", json_logs=True)
@@ -226,10 +232,11 @@ def main() -> None:
     results = []
     for n in args.workers:
         console.print(f"[bold]{n} simulated worker(s) x {args.running} running...[/bold]")
-        results.append(asyncio.run(run_point(n, args, lambda r: None)))
+        results.append(event_loop.run(run_point(n, args, lambda r: None), args.event_loop))
     table = Table(
         title=f"scheduler driving simulated workers ({args.step_ms:g} ms modelled "
-        f"step, {'with' if not args.skip_detokenize else 'without'} detokenize)"
+        f"step, {'with' if not args.skip_detokenize else 'without'} detokenize, "
+        f"{results[0]['event_loop'] if results else args.event_loop} loop)"
     )
     for col in (
         "workers",

@@ -25,6 +25,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from common import event_loop
+
 DISTRIBUTIONS = ("fixed", "uniform", "lognormal")
 
 
@@ -473,7 +475,7 @@ def run(args: argparse.Namespace) -> int:
         requests = synthetic_requests(args, token_pool(args.tokenizer, args.vocab_size))
     except ValueError as exc:
         raise SystemExit(str(exc)) from exc
-    res = asyncio.run(run_benchmark(args, requests))
+    res = event_loop.run(run_benchmark(args, requests))
     print(format_table(res))
     if args.plot:
         write_plot(res, args.plot)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from common.event_loop import EVENT_LOOPS
+
 
 def _opt(default, help_text: str, **meta):
     return field(default=default, metadata={"help": help_text, **meta})
@@ -58,5 +60,8 @@ class SchedulerServiceConfig:
     worker_tls_cert_file: str = _opt("", "PEM certificate for the worker-link port")
     worker_tls_key_file: str = _opt("", "PEM private key for --worker-tls-cert-file")
     worker_tls_ca_file: str = _opt("", "mutual TLS: workers must show a certificate of this CA")
+    event_loop: str = _opt(
+        "auto", "asyncio loop: auto (uvloop when installed), uvloop, asyncio", choices=EVENT_LOOPS
+    )
     log_level: str = _opt("info", "log level")
     log_json: bool = _opt(True, "JSON log lines")

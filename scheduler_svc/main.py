@@ -9,6 +9,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from common import event_loop
 from common.logging import configure_logging, get_logger
 from common.model_source import resolve_model
 from common.pb import generation_pb2, worker_link_pb2, worker_link_pb2_grpc
@@ -147,6 +148,7 @@ class SchedulerServer:
             http_port=self.http.port if self.http is not None else 0,
             model=self.engine.model_name,
             policy=self.cfg.scheduling_policy,
+            event_loop=event_loop.loop_name(),
         )
 
     async def stop(self, grace: float = 2.0) -> None:
@@ -176,4 +178,4 @@ async def serve(cfg: SchedulerServiceConfig) -> None:
 
 def main(cfg: SchedulerServiceConfig) -> None:
     configure_logging(cfg.log_level, cfg.log_json)
-    asyncio.run(serve(cfg))
+    event_loop.run(serve(cfg), cfg.event_loop)

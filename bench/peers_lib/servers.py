@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from common import event_loop
 from common.bench_serve import GrpcBackend, RequestResult, _Timer
 from peers_lib.workload import Workload
 
@@ -65,7 +66,7 @@ def run_runs(backend_factory, wl: Workload, runs: list[tuple[str, list[float]]],
         finally:
             await backend.close()
 
-    return asyncio.run(main())
+    return event_loop.run(main())
 
 
 # ---- processes ------------------------------------------------------------------------------
