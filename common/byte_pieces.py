@@ -116,14 +116,20 @@ def _reproduces(backend: tokenizers.Tokenizer, table: BytePieces) -> bool:
 
 
 def complete_utf8_prefix(data: bytes) -> int:
-    """Length of the longest prefix of `data` that does not end inside a UTF-8 character
-    (bytes of a character still being generated wait for the rest)."""
+    """Length of `data` less its unfinished tail: the bytes of a character still being generated
+    wait for the rest, and so do stray continuation bytes at the end (up to four; decoded, as
+    U+FFFD, only once more text follows them: what decoding token by token shows)."""
     n = len(data)
+    trailing = 0  # continuation bytes at the end
     for back in range(1, min(4, n) + 1):
         byte = data[n - back]
-        if byte < 0x80:  # ASCII: nothing after it can be a started character
-            return n
-        if byte >= 0xC0:  # a lead byte: complete when its continuation bytes are all here
+        if 0x80 <= byte < 0xC0:
+            trailing += 1
+        elif byte >= 0xC0:  # a lead byte and its continuation bytes
             needed = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
-            return n if back >= needed else n - back
-    return n  # only continuation bytes: invalid either way, decoded with replacements
+            if back < needed:
+                return n - back
+            return n - (back - needed)  # continuation bytes beyond the character: stray
+        else:
+            return n - trailing
+    return n - trailing

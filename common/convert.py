@@ -86,12 +86,17 @@ class HandleTable:
 
 
 def encode_step(
-    out: SchedulerOutput, handles: HandleTable, release: bool = True
+    out: SchedulerOutput,
+    handles: HandleTable,
+    release: bool = True,
+    into: worker_link_pb2.Step | None = None,
 ) -> worker_link_pb2.Step:
-    """The scheduler's diff as a Step. Handles of finished requests are released afterwards,
+    """The scheduler's diff as a Step (written into `into`, e.g. the step field of the message
+    to send, when given: no copy). Handles of finished requests are released afterwards,
     unless `release` is False (a pipelined sender releases them once every earlier step's
     result, which may still name them, has been decoded)."""
-    step = worker_link_pb2.Step(step_id=out.step_id)
+    step = worker_link_pb2.Step() if into is None else into
+    step.step_id = out.step_id
     sched = out.num_scheduled_tokens
     for req_id in out.finished_req_ids:
         handle = handles.by_id.get(req_id)
@@ -113,18 +118,40 @@ def encode_step(
                 output_token_ids=new.output_token_ids,
             )
         )
-    add_cached = step.cached_requests.add
-    for cached in out.cached_requests:
-        msg = add_cached(
-            handle=handles.by_id[cached.request_id],
-            num_scheduled_tokens=sched.get(cached.request_id, 0),
-            num_computed_tokens=cached.num_computed_tokens,
-        )
-        if cached.new_block_ids:
-            msg.new_block_ids.extend(cached.new_block_ids)
+    by_id = handles.by_id
+    col_handles: list[int] = []
+    col_scheduled: list[int] = []
+    col_computed: list[int] = []
+    col_num_new: list[int] = []
+    col_blocks: list[int] = []
+    for cached in out.cached_requests:  # per running request per step: kept lean
+        rid = cached.request_id
         if cached.resumed:
-            msg.resumed = True
-            msg.new_token_ids.extend(cached.new_token_ids)
+            step.cached_requests.add(
+                handle=by_id[rid],
+                num_scheduled_tokens=sched.get(rid, 0),
+                num_computed_tokens=cached.num_computed_tokens,
+                resumed=True,
+                new_block_ids=cached.new_block_ids,
+                new_token_ids=cached.new_token_ids,
+            )
+            continue
+        col_handles.append(by_id[rid])
+        col_scheduled.append(sched.get(rid, 0))
+        col_computed.append(cached.num_computed_tokens)
+        blocks = cached.new_block_ids
+        if blocks:
+            col_num_new.append(len(blocks))
+            col_blocks.extend(blocks)
+        else:
+            col_num_new.append(0)
+    if col_handles:
+        running = step.running
+        running.handles.extend(col_handles)
+        running.num_scheduled_tokens.extend(col_scheduled)
+        running.num_computed_tokens.extend(col_computed)
+        running.num_new_blocks.extend(col_num_new)
+        running.new_block_ids.extend(col_blocks)
     for dev, host in out.blocks_to_swap_out:
         step.swap_out.add(device_block=dev, host_block=host)
     for dev, host in out.blocks_to_swap_in:
@@ -151,7 +178,9 @@ def decode_step_result(
     logprobs: dict[str, list[TokenLogprobs]] = {}
     by_handle = handles.by_handle
     vocab = vocab_size
-    for item in result.sampled:  # per running request per step: kept lean
+    if result.sampled_handles:
+        _decode_sampled_columns(result, by_handle, vocab, sampled)
+    for item in result.sampled:
         req_id = by_handle.get(item.handle)
         if req_id is None:
             raise ValueError(f"worker answered for unknown request handle {item.handle}")
@@ -184,6 +213,26 @@ def decode_step_result(
     return sampled, logprobs
 
 
+def _decode_sampled_columns(
+    result: worker_link_pb2.StepResult,
+    by_handle: dict[int, str],
+    vocab: int | None,
+    sampled: dict[str, list[int]],
+) -> None:
+    col_handles = list(result.sampled_handles)
+    tokens = list(result.sampled_token_ids)
+    if len(col_handles) != len(tokens):
+        raise ValueError(f"{len(col_handles)} sampled handles but {len(tokens)} sampled tokens")
+    try:
+        req_ids = list(map(by_handle.__getitem__, col_handles))
+    except KeyError as exc:
+        raise ValueError(f"worker answered for unknown request handle {exc.args[0]}") from None
+    if vocab is not None and max(tokens) >= vocab:
+        bad = next(i for i, t in enumerate(tokens) if t >= vocab)
+        raise ValueError(_bad_tokens(req_ids[bad], [tokens[bad]], vocab))
+    sampled.update(zip(req_ids, [[t] for t in tokens], strict=True))
+
+
 def _bad_tokens(req_id: str, tokens: list[int], vocab: int) -> str:
     return (
         f"worker answered {tokens[:4]} for request {req_id}: at most one token below the "
@@ -211,7 +260,10 @@ def decode_step(step: worker_link_pb2.Step) -> SchedulerOutput:
         if new.num_scheduled_tokens:
             sched[req_id] = new.num_scheduled_tokens
     append_cached = out.cached_requests.append
-    for cached in step.cached_requests:  # per running request per step: kept lean
+    running = step.running
+    if running.handles:
+        _decode_running(running, append_cached, sched)
+    for cached in step.cached_requests:
         req_id = str(cached.handle)
         blocks = cached.new_block_ids
         resumed = cached.resumed
@@ -235,6 +287,32 @@ def decode_step(step: worker_link_pb2.Step) -> SchedulerOutput:
     return out
 
 
+def _decode_running(running: worker_link_pb2.RunningColumns, append_cached, sched) -> None:
+    """The running columns as CachedRequestData; ValueError when the columns disagree."""
+    ids = list(map(str, running.handles))
+    scheduled = list(running.num_scheduled_tokens)
+    computed = list(running.num_computed_tokens)
+    num_new = list(running.num_new_blocks)
+    blocks = list(running.new_block_ids)
+    if not len(ids) == len(scheduled) == len(computed) == len(num_new) or sum(num_new) != len(
+        blocks
+    ):
+        raise ValueError(
+            f"running columns of unequal length: {len(ids)} handles, {len(scheduled)} "
+            f"scheduled, {len(computed)} computed, {len(num_new)} block counts for "
+            f"{len(blocks)} new blocks"
+        )
+    pos = 0
+    for req_id, n, c, k in zip(ids, scheduled, computed, num_new, strict=True):
+        if k:
+            append_cached(CachedRequestData(req_id, blocks[pos : pos + k], c, False, []))
+            pos += k
+        else:
+            append_cached(CachedRequestData(req_id, [], c, False, []))
+        if n:
+            sched[req_id] = n
+
+
 def encode_step_result(
     step_id: int,
     sampled: dict[str, list[int]],
@@ -250,14 +328,21 @@ def encode_step_result(
         step_time_s=step_time_s,
     )
     add = result.sampled.add
-    if not logprobs:
-        for req_id, tokens in sampled.items():
-            add(handle=int(req_id), token_ids=tokens)
-        return result
-    for req_id, tokens in sampled.items():
+    col_handles: list[int] = []
+    col_tokens: list[int] = []
+    for req_id, tokens in sampled.items():  # per request per step: kept lean
+        if len(tokens) == 1 and not (logprobs and req_id in logprobs):
+            col_handles.append(int(req_id))
+            col_tokens.append(tokens[0])
+            continue
         item = add(handle=int(req_id), token_ids=tokens)
+        if not logprobs:
+            continue
         for lp in logprobs.get(req_id, ()):
             item.logprobs.append(lp.logprob)
             item.top_token_ids.extend(t for t, _ in lp.top)
             item.top_logprobs.extend(v for _, v in lp.top)
+    if col_handles:
+        result.sampled_handles.extend(col_handles)
+        result.sampled_token_ids.extend(col_tokens)
     return result

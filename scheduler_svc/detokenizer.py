@@ -92,7 +92,7 @@ class IncrementalDetokenizer:
                     text = texts[token_id]
                     if text is not None:
                         return text
-            return self._bytes_to_text(new_token_ids, final)
+            return self._bytes_to_text(new_token_ids)
         stream = self.stream
         if stream is not None and not self.stop_strings and not self.text:
             if not new_token_ids:
@@ -102,23 +102,24 @@ class IncrementalDetokenizer:
                 new_token_ids[0] if len(new_token_ids) == 1 else list(new_token_ids),
             )
             return piece or ""
-        self.add_tokens(new_token_ids, final)
+        self.add_tokens(new_token_ids)
         return self.take_delta(final or self.stop_hit is not None)
 
-    def _bytes_to_text(self, new_token_ids: list[int], final: bool) -> str:
+    def _bytes_to_text(self, new_token_ids: list[int]) -> str:
         pieces = self.pieces
         size = len(pieces)
         data = self.pending + b"".join(pieces[t] for t in new_token_ids if 0 <= t < size)
-        cut = len(data) if final else complete_utf8_prefix(data)
+        # a character still incomplete when the output ends is dropped, as on the other paths
+        cut = complete_utf8_prefix(data)
         self.pending = data[cut:]
         return data[:cut].decode("utf-8", "replace")
 
-    def add_tokens(self, new_token_ids: list[int], final: bool = False) -> None:
+    def add_tokens(self, new_token_ids: list[int]) -> None:
         """Decode new tokens into self.text; checks stop strings."""
         if self.stop_hit is not None:
             return
         if self.pieces is not None:
-            piece = self._bytes_to_text(new_token_ids, final)
+            piece = self._bytes_to_text(new_token_ids)
             if piece:
                 before = len(self.text)
                 self.text += piece

@@ -46,11 +46,12 @@ class GrpcWorkerTransport:
         """Send a step; returns the future of its raw result (steps may be pipelined)."""
         if self.lost_reason:
             raise WorkerLost(self.lost_reason)
-        step = encode_step(out, self.handles, release=False)
+        message = pb.SchedulerMessage()
+        encode_step(out, self.handles, release=False, into=message.step)
         future = asyncio.get_running_loop().create_future()
-        self.pending[step.step_id] = future
+        self.pending[out.step_id] = future
         try:
-            await self.context.write(pb.SchedulerMessage(step=step))
+            await self.context.write(message)
         except Exception as exc:  # the stream is gone
             self.lose(f"write failed: {exc}")
         return future

@@ -137,8 +137,22 @@ class BlockPair(_message.Message):
     host_block: int
     def __init__(self, device_block: _Optional[int] = ..., host_block: _Optional[int] = ...) -> None: ...
 
+class RunningColumns(_message.Message):
+    __slots__ = ("handles", "num_scheduled_tokens", "num_computed_tokens", "num_new_blocks", "new_block_ids")
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
+    NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_NEW_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    handles: _containers.RepeatedScalarFieldContainer[int]
+    num_scheduled_tokens: _containers.RepeatedScalarFieldContainer[int]
+    num_computed_tokens: _containers.RepeatedScalarFieldContainer[int]
+    num_new_blocks: _containers.RepeatedScalarFieldContainer[int]
+    new_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, handles: _Optional[_Iterable[int]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[_Iterable[int]] = ..., num_new_blocks: _Optional[_Iterable[int]] = ..., new_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class Step(_message.Message):
-    __slots__ = ("step_id", "new_requests", "cached_requests", "preempted", "finished", "swap_out", "swap_in")
+    __slots__ = ("step_id", "new_requests", "cached_requests", "preempted", "finished", "swap_out", "swap_in", "running")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     CACHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +160,7 @@ class Step(_message.Message):
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     SWAP_OUT_FIELD_NUMBER: _ClassVar[int]
     SWAP_IN_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     cached_requests: _containers.RepeatedCompositeFieldContainer[CachedRequest]
@@ -153,7 +168,8 @@ class Step(_message.Message):
     finished: _containers.RepeatedScalarFieldContainer[int]
     swap_out: _containers.RepeatedCompositeFieldContainer[BlockPair]
     swap_in: _containers.RepeatedCompositeFieldContainer[BlockPair]
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Iterable[_Union[CachedRequest, _Mapping]]] = ..., preempted: _Optional[_Iterable[int]] = ..., finished: _Optional[_Iterable[int]] = ..., swap_out: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ...) -> None: ...
+    running: RunningColumns
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Iterable[_Union[CachedRequest, _Mapping]]] = ..., preempted: _Optional[_Iterable[int]] = ..., finished: _Optional[_Iterable[int]] = ..., swap_out: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ..., running: _Optional[_Union[RunningColumns, _Mapping]] = ...) -> None: ...
 
 class SampledTokens(_message.Message):
     __slots__ = ("handle", "token_ids", "logprobs", "top_token_ids", "top_logprobs")
@@ -170,7 +186,7 @@ class SampledTokens(_message.Message):
     def __init__(self, handle: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "sampled", "forward_time_s", "sample_time_s", "step_time_s", "error", "idle_time_s")
+    __slots__ = ("step_id", "sampled", "forward_time_s", "sample_time_s", "step_time_s", "error", "idle_time_s", "sampled_handles", "sampled_token_ids")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
     FORWARD_TIME_S_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +194,8 @@ class StepResult(_message.Message):
     STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     sampled: _containers.RepeatedCompositeFieldContainer[SampledTokens]
     forward_time_s: float
@@ -185,4 +203,6 @@ class StepResult(_message.Message):
     step_time_s: float
     error: str
     idle_time_s: float
-    def __init__(self, step_id: _Optional[int] = ..., sampled: _Optional[_Iterable[_Union[SampledTokens, _Mapping]]] = ..., forward_time_s: _Optional[float] = ..., sample_time_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., error: _Optional[str] = ..., idle_time_s: _Optional[float] = ...) -> None: ...
+    sampled_handles: _containers.RepeatedScalarFieldContainer[int]
+    sampled_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, step_id: _Optional[int] = ..., sampled: _Optional[_Iterable[_Union[SampledTokens, _Mapping]]] = ..., forward_time_s: _Optional[float] = ..., sample_time_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., error: _Optional[str] = ..., idle_time_s: _Optional[float] = ..., sampled_handles: _Optional[_Iterable[int]] = ..., sampled_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
