@@ -456,13 +456,16 @@ class ServingEngine:
             if state is None or state.worker_id != worker_id:
                 continue
             new_ids = output.new_token_ids
-            stopped_by_string = state.push_tokens(
-                new_ids,
-                output.finish_reason,
-                output.stop_reason,
-                get_logprobs(request_id) if get_logprobs is not None else None,
-                now,
-            )
+            if output.finish_reason is None and get_logprobs is None and len(new_ids) == 1:
+                stopped_by_string = state.push_token(new_ids, now)
+            else:
+                stopped_by_string = state.push_tokens(
+                    new_ids,
+                    output.finish_reason,
+                    output.stop_reason,
+                    get_logprobs(request_id) if get_logprobs is not None else None,
+                    now,
+                )
             if new_ids:
                 delivered.append((state, len(new_ids)))
             if stopped_by_string:

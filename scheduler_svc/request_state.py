@@ -41,8 +41,13 @@ class DeltaStream:
 
     def put_nowait(self, delta: StreamDelta) -> None:
         self._items.append(delta)
-        if self._waiters:
-            self._wake_next()
+        waiters = self._waiters
+        if waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+            else:  # cancelled: the next one still waiting
+                self._wake_next()
 
     def _wake_next(self) -> None:
         """Wake the first waiter still waiting (cancelled ones are skipped)."""
@@ -139,13 +144,21 @@ class RequestState:
         if self.finish_reason is not None:
             return False
         detok = self.detokenizer
+        text = None
         if token_ids:
             now = time.monotonic() if now is None else now
             if self.first_token_time is None:
                 self.first_token_time = now
             self.last_token_time = now
             self.output_token_ids.extend(token_ids)
-        text = detok.push(token_ids, finish_reason is not None)
+            # the usual token: one lookup in the byte table (detok.push's own first case)
+            texts = detok.texts
+            if texts and len(token_ids) == 1 and not detok.pending and not detok.stop_strings:
+                token_id = token_ids[0]
+                if 0 <= token_id < len(texts):
+                    text = texts[token_id]
+        if text is None:
+            text = detok.push(token_ids, finish_reason is not None)
         stopped_by_string = detok.stop_hit is not None
         if stopped_by_string:
             finish_reason, stop_reason = FinishReason.STOP, detok.stop_hit
@@ -155,16 +168,39 @@ class RequestState:
             return False
         self.queue.put_nowait(
             StreamDelta(
-                token_ids=token_ids,
-                text=text,
-                finish_reason=finish_reason,
-                stop_reason="" if stop_reason is None else str(stop_reason),
-                logprobs=logprobs,
-                num_output_tokens=len(self.output_token_ids),
-                worker_id=self.worker_id or "",
+                token_ids,
+                text,
+                finish_reason,
+                "" if stop_reason is None else str(stop_reason),
+                logprobs,
+                "",
+                "",
+                len(self.output_token_ids),
+                self.worker_id or "",
             )
         )
         return stopped_by_string
+
+    def push_token(self, token_ids: list[int], now: float) -> bool:
+        """push_tokens for the usual case (one token, the request goes on, no logprobs), the
+        step loop's hot path: with the byte table and no stop strings, a lookup and a put."""
+        detok = self.detokenizer
+        texts = detok.texts
+        if self.finish_reason is None and texts and not detok.pending and not detok.stop_strings:
+            token_id = token_ids[0]
+            text = texts[token_id] if 0 <= token_id < len(texts) else None
+            if text is not None:
+                if self.first_token_time is None:
+                    self.first_token_time = now
+                self.last_token_time = now
+                output_token_ids = self.output_token_ids
+                output_token_ids.append(token_id)
+                self.queue.put_nowait(StreamDelta(
+                    token_ids, text, None, "", None, "", "", len(output_token_ids),
+                    self.worker_id or "",
+                ))  # fmt: skip
+                return False
+        return self.push_tokens(token_ids, None, None, None, now)
 
     def fail(self, message: str, code: str = "") -> None:
         if self.finished:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from scheduler_svc.core.request import FinishReason, SamplingParams
@@ -29,8 +30,9 @@ class CachedRequestData:
     num_computed_tokens: int
     resumed: bool = False
     # for a resumed request: every output token so far (the worker replaces its copy);
-    # empty otherwise (the worker already knows the tokens it sampled)
-    new_token_ids: list[int] = field(default_factory=list)
+    # empty otherwise (the worker already knows the tokens it sampled; one shared empty tuple,
+    # not a new list per running request per step)
+    new_token_ids: Sequence[int] = ()
 
 
 @dataclass(slots=True)

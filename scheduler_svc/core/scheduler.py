@@ -232,8 +232,10 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
             cached_append(CachedRequestData(rid, new_ids, c))
             reqs_append(req)
             ns_append(n)
-            if c < req.max_computed_tokens or c + n > req.max_computed_tokens:
+            if c < req.max_computed_tokens:  # computed before a preemption: recomputed
                 self._note_computed(req, c, n)
+            else:  # new ground (n > 0): _note_computed's other case, without the call
+                req.max_computed_tokens = c + n
             req.num_computed_tokens = c + n
             samples = c + n == total
             if samples:

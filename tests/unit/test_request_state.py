@@ -67,3 +67,47 @@ def test_cancelled_getter_passes_its_wake_up_on():
         assert (await s.get()).token_ids == [2]
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("stop", [[], ["lo w"]])
+@pytest.mark.parametrize("table", [True, False])
+def test_push_token_streams_what_push_tokens_streams(stop, table):
+    """The step loop's one-token fast path gives the same deltas and state as the general
+    one: byte table or not, stop strings, characters split over tokens, a finished request."""
+    from common.tokenizer import load_tokenizer
+    from scheduler_svc.core.request import SamplingParams
+    from scheduler_svc.detokenizer import IncrementalDetokenizer
+    from scheduler_svc.request_state import RequestState
+
+    tok = load_tokenizer(None)
+    decoder = tok if table else type("Plain", (), {"decode": staticmethod(tok.decode)})()
+    pieces = tok.byte_pieces().pieces
+    split = [i for i, p in enumerate(pieces) if p in (b"\xf0", b"\x9f", b"\x8e", b"\x89")]
+    ids = tok.encode("Hello world, hello again") + split + tok.encode(" done")
+
+    def state():
+        detok = IncrementalDetokenizer.for_prompt(decoder, [1], True, list(stop))
+        return RequestState("r", [1], SamplingParams(max_tokens=100), detok, worker_id="w0")
+
+    fast, general = state(), state()
+    for step, token_id in enumerate(ids):
+        now = 100.0 + step
+        assert fast.push_token([token_id], now) == general.push_tokens(
+            [token_id], None, None, None, now
+        )
+    deltas = []
+    for s in (fast, general):
+        items = []
+        while not s.queue.empty():
+            d = s.queue.get_nowait()
+            items.append((d.token_ids, d.text, d.finish_reason, d.stop_reason,
+                          d.num_output_tokens, d.worker_id))  # fmt: skip
+        deltas.append(items)
+    assert deltas[0] == deltas[1] and deltas[0]
+    assert fast.output_token_ids == general.output_token_ids
+    assert (fast.first_token_time, fast.last_token_time, fast.finish_reason) == (
+        general.first_token_time, general.last_token_time, general.finish_reason,
+    )  # fmt: skip
+    if stop:
+        assert fast.finish_reason is not None  # "lo w" in "Hello world"
+        assert len(deltas[0]) < len(ids)  # nothing streamed after the stop
