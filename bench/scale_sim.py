@@ -92,7 +92,7 @@ async def run_point(n_workers: int, args, progress) -> dict:
         host="127.0.0.1", port=free_port(), worker_port=free_port(), http_port=0,
         max_num_seqs=args.running, max_num_batched_tokens=args.budget,
         max_model_len=8192, worker_queue_depth=args.running, log_level="warning",
-        async_scheduling=not args.no_async,
+        async_scheduling=not args.no_async, stream_interval=args.stream_interval,
     )  # fmt: skip
     server = SchedulerServer(cfg)
     await server.start()
@@ -180,6 +180,7 @@ async def run_point(n_workers: int, args, progress) -> dict:
             "real_model": args.real,
             "tuned_gc": not args.default_gc,
             "event_loop": event_loop.loop_name(),
+            "stream_interval": args.stream_interval,
         }
         progress(result)
         return result
@@ -213,6 +214,9 @@ def main() -> None:
     )
     parser.add_argument("--no-async", action="store_true", help="synchronous scheduling")
     parser.add_argument(
+        "--stream-interval", type=int, default=1, help="the service's --stream-interval"
+    )
+    parser.add_argument(
         "--default-gc",
         action="store_true",
         help="keep CPython's GC settings (the service tunes them at start)",
@@ -236,7 +240,8 @@ def main() -> None:
     table = Table(
         title=f"scheduler driving simulated workers ({args.step_ms:g} ms modelled "
         f"step, {'with' if not args.skip_detokenize else 'without'} detokenize, "
-        f"{results[0]['event_loop'] if results else args.event_loop} loop)"
+        f"{results[0]['event_loop'] if results else args.event_loop} loop, "
+        f"stream interval {args.stream_interval})"
     )
     for col in (
         "workers",

@@ -97,7 +97,8 @@ async def drain(state) -> None:
 async def run(args, kind: str) -> dict:
     tokenizer = load_tokenizer(None)
     cfg = SchedulerServiceConfig(max_num_seqs=args.running, max_num_batched_tokens=4096,
-                                 max_model_len=8192, worker_queue_depth=args.running)  # fmt: skip
+                                 max_model_len=8192, worker_queue_depth=args.running,
+                                 stream_interval=args.stream_interval)  # fmt: skip
     engine = ServingEngine(cfg, "sim")
     intake = Intake(tokenizer, "sim", set(), cfg.max_model_len)
     workers = []
@@ -147,7 +148,7 @@ async def run(args, kind: str) -> dict:
         "scheduler_us_per_request_step": 1e6 * (cpu - worker_s) / request_steps,
         "worker_side_us_per_request_step": 1e6 * worker_s / request_steps,
         "request_steps_per_core_s": request_steps / max(cpu - worker_s, 1e-9),
-        "kind": kind,
+        "stream_interval": args.stream_interval,
     }
 
 
@@ -162,6 +163,7 @@ def main() -> None:
     parser.add_argument("--loops", nargs="+", default=["uvloop", "asyncio"],
                         choices=["uvloop", "asyncio"])  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3, help="best of")
+    parser.add_argument("--stream-interval", type=int, default=1)
     parser.add_argument("--profile", action="store_true", help="cProfile the measured steps")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -175,7 +177,8 @@ def main() -> None:
     finally:
         restore_gc(gc_before)
     table = Table(title=f"scheduler work per request-step, {args.workers} x {args.running} "
-                  f"running, in one process (best of {args.repeats})")  # fmt: skip
+                  f"running, stream interval {args.stream_interval}, in one process "
+                  f"(best of {args.repeats})")  # fmt: skip
     for col in ("loop", "request-steps", "scheduler µs", "worker side µs (taken out)",
                 "request-steps per core-s"):  # fmt: skip
         table.add_column(col, justify="right")

@@ -131,6 +131,11 @@ class WorkerSession:
 
 class ServingEngine:
     def __init__(self, config: SchedulerServiceConfig, model_name: str) -> None:
+        if config.stream_interval < 1:
+            raise ValueError(
+                f"--stream-interval must be at least 1 (tokens per streamed message); "
+                f"got {config.stream_interval}"
+            )
         self.config = config
         self.model_name = model_name
         self.policy = create_policy(config.scheduling_policy, **policy_options(config))
@@ -167,6 +172,9 @@ class ServingEngine:
         self.slo.check(request, [self.waiting], [s.scheduler for s in live])
         self.requests[state.request_id] = state
         state.core = request
+        # tokens and their logprobs go together: a request that asked for logprobs streams
+        # each token as it comes
+        state.stream_interval = self.config.stream_interval if state.params.logprobs is None else 1
         self.waiting.add(request)
         self.observer.on_request_accepted(state)
         if not live:

@@ -113,6 +113,11 @@ class RequestState:
     wait_timer: asyncio.TimerHandle | None = None
     core: Request | None = None  # the core request, in the global queue or on a worker
     inflight_hashes: list[bytes] = field(default_factory=list)  # prefix announced to a worker
+    # --stream-interval: after the first token, tokens are streamed this many at a time (the
+    # rest wait here; the last delta carries whatever waits)
+    stream_interval: int = 1  # 1 for a request that asked for logprobs
+    held_token_ids: list[int] = field(default_factory=list)
+    held_texts: list[str] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -145,9 +150,10 @@ class RequestState:
             return False
         detok = self.detokenizer
         text = None
+        first = self.first_token_time is None
         if token_ids:
             now = time.monotonic() if now is None else now
-            if self.first_token_time is None:
+            if first:
                 self.first_token_time = now
             self.last_token_time = now
             self.output_token_ids.extend(token_ids)
@@ -162,10 +168,22 @@ class RequestState:
         stopped_by_string = detok.stop_hit is not None
         if stopped_by_string:
             finish_reason, stop_reason = FinishReason.STOP, detok.stop_hit
+        held = self.held_token_ids
         if finish_reason is not None:
             self.finish_reason = finish_reason
         elif not token_ids and not text:
             return False
+        elif self.stream_interval > 1 and not first:
+            held.extend(token_ids)  # the first tokens go at once, later ones by the interval
+            self.held_texts.append(text)
+            if len(held) < self.stream_interval:
+                return False
+            token_ids, text = held, self._take_held_text()
+            self.held_token_ids = []
+            held = None
+        if held:  # tokens waiting for --stream-interval go first
+            token_ids, text = held + token_ids, self._take_held_text() + text
+            self.held_token_ids = []
         self.queue.put_nowait(
             StreamDelta(
                 token_ids,
@@ -190,11 +208,20 @@ class RequestState:
             token_id = token_ids[0]
             text = texts[token_id] if 0 <= token_id < len(texts) else None
             if text is not None:
-                if self.first_token_time is None:
-                    self.first_token_time = now
                 self.last_token_time = now
                 output_token_ids = self.output_token_ids
                 output_token_ids.append(token_id)
+                if self.first_token_time is None:
+                    self.first_token_time = now
+                elif self.stream_interval > 1:
+                    held = self.held_token_ids
+                    held.append(token_id)
+                    held_texts = self.held_texts
+                    held_texts.append(text)
+                    if len(held) < self.stream_interval:
+                        return False
+                    token_ids, text = held, "".join(held_texts)
+                    self.held_token_ids, self.held_texts = [], []
                 self.queue.put_nowait(StreamDelta(
                     token_ids, text, None, "", None, "", "", len(output_token_ids),
                     self.worker_id or "",
@@ -208,8 +235,8 @@ class RequestState:
         self.finish_reason = FinishReason.ERROR
         self.queue.put_nowait(
             StreamDelta(
-                token_ids=[],
-                text="",
+                token_ids=self._take_held_tokens(),
+                text=self._take_held_text(),
                 finish_reason=FinishReason.ERROR,
                 error=message,
                 error_code=code,
@@ -223,9 +250,18 @@ class RequestState:
         self.finish_reason = FinishReason.ABORT
         self.queue.put_nowait(
             StreamDelta(
-                token_ids=[],
-                text=self.detokenizer.take_delta(True),
+                token_ids=self._take_held_tokens(),
+                text=self._take_held_text() + self.detokenizer.take_delta(True),
                 finish_reason=FinishReason.ABORT,
                 num_output_tokens=len(self.output_token_ids),
             )
         )
+
+    def _take_held_tokens(self) -> list[int]:
+        held, self.held_token_ids = self.held_token_ids, []
+        return held
+
+    def _take_held_text(self) -> str:
+        text = "".join(self.held_texts)
+        self.held_texts = []
+        return text

@@ -175,6 +175,43 @@ def test_lost_worker_requests_continue_elsewhere_without_gap_or_duplicate():
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("interval", [1, 3])
+def test_stream_interval_groups_tokens_through_a_migration(interval):
+    """--stream-interval: the first token at once, then `interval` tokens per message, the
+    last message whatever is left; across a lost worker no token is missing or repeated."""
+
+    async def main():
+        engine = make_engine(stream_interval=interval)
+        dying = engine.attach(registration("dying"), FakeWorker(fail_at_step=5))
+        healthy = engine.attach(registration("healthy"), FakeWorker())
+        tasks = [asyncio.create_task(run_session(engine, dying)),
+                 asyncio.create_task(engine.run_worker(healthy))]  # fmt: skip
+        states = [make_state(f"r{i}", [7, 8, 9, i], 11) for i in range(4)]
+        for s in states:
+            engine.submit(s)
+        results = await asyncio.gather(*(drain(s) for s in states))
+        for state, (tokens, deltas) in zip(states, results, strict=True):
+            assert tokens == reference(state.prompt_token_ids, 11)
+            assert "".join(d.text for d in deltas) == FakeDecoder().decode(tokens)
+            sizes = [len(d.token_ids) for d in deltas]
+            assert sizes[0] == 1 and all(n == interval for n in sizes[1:-1])
+            assert 1 <= sizes[-1] <= interval
+            assert [d.num_output_tokens for d in deltas][-1] == 11
+        assert sum(s.num_migrations for s in states) >= 1
+        # a request that asked for logprobs streams each token with its logprobs
+        wants_logprobs = make_state("lp", [1, 2, 3], 4)
+        wants_logprobs.params = SamplingParams(max_tokens=4, temperature=0.0, logprobs=1)
+        engine.submit(wants_logprobs)
+        assert wants_logprobs.stream_interval == 1
+        tokens, deltas = await drain(wants_logprobs)
+        assert [len(d.token_ids) for d in deltas] == [1, 1, 1, 1]
+        tasks[1].cancel()
+        with pytest.raises(ValueError, match="at least 1"):
+            make_engine(stream_interval=0)
+
+    asyncio.run(main())
+
+
 def test_too_many_migrations_fail_with_a_sentence():
     async def main():
         engine = make_engine(max_migrations=0)

@@ -111,3 +111,34 @@ def test_push_token_streams_what_push_tokens_streams(stop, table):
     if stop:
         assert fast.finish_reason is not None  # "lo w" in "Hello world"
         assert len(deltas[0]) < len(ids)  # nothing streamed after the stop
+
+
+def test_held_tokens_go_with_the_last_delta_of_any_ending():
+    """With a stream interval, tokens that wait are not lost when the request finishes,
+    is aborted or fails: the last delta carries them."""
+    from common.tokenizer import load_tokenizer
+    from scheduler_svc.core.request import FinishReason, SamplingParams
+    from scheduler_svc.detokenizer import IncrementalDetokenizer
+    from scheduler_svc.request_state import RequestState
+
+    tok = load_tokenizer(None)
+    ids = tok.encode("one two three four five six")
+    for ending in ("length", "abort", "fail"):
+        detok = IncrementalDetokenizer.for_prompt(tok, [1], True, [])
+        state = RequestState("r", [1], SamplingParams(max_tokens=50), detok, stream_interval=4)
+        for i, t in enumerate(ids[:-1]):
+            state.push_token([t], float(i))
+        if ending == "length":
+            state.push_tokens([ids[-1]], FinishReason.LENGTH, None, None, 99.0)
+        elif ending == "abort":
+            state.end_aborted()
+        else:
+            state.fail("boom", "INTERNAL")
+        deltas = []
+        while not state.queue.empty():
+            deltas.append(state.queue.get_nowait())
+        sent = ids if ending == "length" else ids[:-1]
+        assert [t for d in deltas for t in d.token_ids] == sent
+        assert "".join(d.text for d in deltas) == tok.decode(sent)
+        assert [len(d.token_ids) for d in deltas][:2] == [1, 4]
+        assert deltas[-1].finish_reason is not None and not state.held_token_ids
