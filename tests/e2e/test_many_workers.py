@@ -152,6 +152,51 @@ def test_kill_9_each_worker_mid_generation_loses_nothing(cluster, victim):
         wait_workers(client, 2)
 
 
+def test_stream_interval_through_a_worker_loss(tmp_path):
+    """--stream-interval 3 over real gRPC (the scheduler on uvloop): the first token alone,
+    then three per message, the same tokens as without the option across a kill -9."""
+    c = Cluster(tmp_path)
+    plist = prompts(12, seed=5)
+    sizes: dict[int, list[int]] = {i: [] for i in range(len(plist))}
+    tokens: dict[int, list[int]] = {i: [] for i in range(len(plist))}
+    errors: list[BaseException] = []
+
+    def one(client, i: int) -> None:
+        try:
+            for msg in client.stream(token_ids=plist[i], max_tokens=40, temperature=0.0,
+                                     ignore_eos=True):  # fmt: skip
+                if msg.token_ids:
+                    sizes[i].append(len(msg.token_ids))
+                    tokens[i].extend(msg.token_ids)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    try:
+        c.start_scheduler(*SCHED, "--stream-interval", "3")
+        procs = {w: start_sim(c, w) for w in ("s0", "s1")}
+        with SplitserveClient(c.target, timeout=120) as client:
+            wait_workers(client, 2)
+            threads = [threading.Thread(target=one, args=(client, i)) for i in range(len(plist))]
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 60
+            while sum(map(len, tokens.values())) < 0.3 * 40 * len(plist):
+                assert time.monotonic() < deadline, "requests made no progress"
+                time.sleep(0.02)
+            procs["s0"].signal(signal.SIGKILL)
+            for t in threads:
+                t.join(120)
+            wait_workers(client, 1)  # s0 is gone; its requests finished on s1
+        assert not errors, errors[:3]
+        for i, p in enumerate(plist):
+            assert tokens[i] == expected(p, 40), f"request {i} differs"
+            assert sizes[i][0] == 1 and max(sizes[i]) == 3, sizes[i]
+            assert sizes[i].count(3) >= 10, sizes[i]
+        assert '"event_loop": "uvloop"' in c.scheduler.log()
+    finally:
+        c.stop_all()
+
+
 def test_frozen_worker_is_detected_and_its_requests_finish_elsewhere(cluster):
     frozen = start_sim(cluster, "f0")
     start_sim(cluster, "f1")
