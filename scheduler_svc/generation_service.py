@@ -80,7 +80,8 @@ class GenerationService(pb_grpc.GenerationServicer):
             )
         try:
             while True:
-                delta: StreamDelta = await state.queue.get()
+                queue = state.queue
+                delta: StreamDelta = queue.take_merged(await queue.get())
                 if delta.error_code:
                     await context.abort(getattr(grpc.StatusCode, delta.error_code), delta.error)
                 yield delta_to_proto(request_id, prompt_tokens, delta)

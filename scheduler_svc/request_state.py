@@ -63,6 +63,28 @@ class DeltaStream:
             raise asyncio.QueueEmpty
         return self._items.popleft()
 
+    def take_merged(self, first: StreamDelta) -> StreamDelta:
+        """`first` together with every delta already queued behind it, as one: a consumer that
+        fell behind (a slow client, a saturated process) sends one message, not a backlog of
+        one-token ones. Stops after a delta that ends the stream, and before an error (the
+        tokens before it still reach the client)."""
+        items = self._items
+        if not items or first.finish_reason is not None or items[0].error_code:
+            return first
+        token_ids, texts = list(first.token_ids), [first.text]
+        logprobs = list(first.logprobs) if first.logprobs is not None else None
+        last = first
+        while items and last.finish_reason is None and not items[0].error_code:
+            last = items.popleft()
+            token_ids += last.token_ids
+            texts.append(last.text)
+            if last.logprobs is not None:
+                logprobs = (logprobs or []) + list(last.logprobs)
+        return StreamDelta(
+            token_ids, "".join(texts), last.finish_reason, last.stop_reason, logprobs,
+            last.error, last.error_code, last.num_output_tokens, last.worker_id,
+        )  # fmt: skip
+
     async def get(self) -> StreamDelta:
         items = self._items
         while not items:

@@ -35,8 +35,9 @@ class DisconnectWatcher:
         return self.task.done()
 
     async def next(self, state: RequestState) -> StreamDelta | None:
+        queue = state.queue
         try:
-            return state.queue.get_nowait()
+            return queue.take_merged(queue.get_nowait())
         except asyncio.QueueEmpty:
             pass
         if self.task.done():
@@ -48,7 +49,7 @@ class DisconnectWatcher:
             getter.cancel()
             raise
         if getter in done:
-            return getter.result()
+            return queue.take_merged(getter.result())
         getter.cancel()
         return None
 

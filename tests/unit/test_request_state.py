@@ -142,3 +142,28 @@ def test_held_tokens_go_with_the_last_delta_of_any_ending():
         assert "".join(d.text for d in deltas) == tok.decode(sent)
         assert [len(d.token_ids) for d in deltas][:2] == [1, 4]
         assert deltas[-1].finish_reason is not None and not state.held_token_ids
+
+
+def test_a_consumer_behind_takes_the_backlog_as_one_delta():
+    from scheduler_svc.core.request import FinishReason
+
+    s = DeltaStream()
+    for i in range(3):
+        s.put_nowait(StreamDelta([i], f"t{i}", num_output_tokens=i + 1, worker_id="w0"))
+    s.put_nowait(StreamDelta([3], "t3", FinishReason.LENGTH, num_output_tokens=4))
+    s.put_nowait(StreamDelta([9], "never"))  # nothing is merged past the end
+    merged = s.take_merged(s.get_nowait())
+    assert merged.token_ids == [0, 1, 2, 3] and merged.text == "t0t1t2t3"
+    assert merged.finish_reason is FinishReason.LENGTH and merged.num_output_tokens == 4
+    assert s.qsize() == 1
+    # an error is not merged into the tokens before it: those still go out first
+    s = DeltaStream()
+    s.put_nowait(StreamDelta([1], "a"))
+    s.put_nowait(StreamDelta([2], "b"))
+    s.put_nowait(StreamDelta([], "", FinishReason.ERROR, error="lost", error_code="UNAVAILABLE"))
+    first = s.take_merged(s.get_nowait())
+    assert first.token_ids == [1, 2] and not first.error_code
+    assert s.take_merged(s.get_nowait()).error_code == "UNAVAILABLE"
+    # nothing queued behind: the delta itself
+    only = StreamDelta([5], "x")
+    assert DeltaStream().take_merged(only) is only
