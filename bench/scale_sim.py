@@ -181,6 +181,7 @@ async def run_point(n_workers: int, args, progress) -> dict:
             "tuned_gc": not args.default_gc,
             "event_loop": event_loop.loop_name(),
             "stream_interval": args.stream_interval,
+            "stream_interval_reached": engine.pacer.interval,  # where an adaptive one settled
         }
         progress(result)
         return result
@@ -214,7 +215,10 @@ def main() -> None:
     )
     parser.add_argument("--no-async", action="store_true", help="synchronous scheduling")
     parser.add_argument(
-        "--stream-interval", type=int, default=1, help="the service's --stream-interval"
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="the service's --stream-interval (0 = adaptive; the table shows where it settled)",
     )
     parser.add_argument(
         "--default-gc",
@@ -255,6 +259,7 @@ def main() -> None:
         "added ms/step",
         "worker ms/step",
         "added share %",
+        "interval",
     ):
         table.add_column(col, justify="right")
     for r in results:
@@ -264,7 +269,8 @@ def main() -> None:
                       "-" if r["workers_cpu_pct"] is None else f"{r['workers_cpu_pct']:.0f}",
                       f"{r['sched_us_per_request_step']:.1f}",
                       f"{r['added_ms_per_step']:.2f}", f"{r['worker_step_ms']:.2f}",
-                      f"{r['added_share_pct']:.1f}")  # fmt: skip
+                      f"{r['added_share_pct']:.1f}",
+                      str(r["stream_interval_reached"]))  # fmt: skip
     console.print(table)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

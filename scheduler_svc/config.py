@@ -51,7 +51,8 @@ class SchedulerServiceConfig:
     stream_interval: int = _opt(
         1,
         "tokens per streamed message after the first (1 = each token at once; more = less "
-        "scheduler CPU per token at thousands of streams)",
+        "scheduler CPU per token at thousands of streams; 0 = adaptive: 1 while the scheduler "
+        "keeps up with its workers, up to 16 while they wait on it)",
     )
     max_migrations: int = _opt(3, "times a request may move to another worker before failing")
     worker_secret: str = _opt("", "shared secret workers must present (empty = none)")

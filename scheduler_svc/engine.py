@@ -40,6 +40,7 @@ from scheduler_svc.observer import EngineObserver
 from scheduler_svc.policy_control import policy_options
 from scheduler_svc.request_state import RequestState
 from scheduler_svc.slo import SloAdmission
+from scheduler_svc.stream_pacing import StreamPacer
 
 log = get_logger("splitserve.engine")
 
@@ -131,11 +132,7 @@ class WorkerSession:
 
 class ServingEngine:
     def __init__(self, config: SchedulerServiceConfig, model_name: str) -> None:
-        if config.stream_interval < 1:
-            raise ValueError(
-                f"--stream-interval must be at least 1 (tokens per streamed message); "
-                f"got {config.stream_interval}"
-            )
+        self.pacer = StreamPacer.from_setting(config.stream_interval, config.async_scheduling)
         self.config = config
         self.model_name = model_name
         self.policy = create_policy(config.scheduling_policy, **policy_options(config))
@@ -174,7 +171,7 @@ class ServingEngine:
         state.core = request
         # tokens and their logprobs go together: a request that asked for logprobs streams
         # each token as it comes
-        state.stream_interval = self.config.stream_interval if state.params.logprobs is None else 1
+        state.stream_interval = self.pacer.interval if state.params.logprobs is None else 1
         self.waiting.add(request)
         self.observer.on_request_accepted(state)
         if not live:
@@ -426,12 +423,24 @@ class ServingEngine:
             session.last_forward_time_s = reply.forward_time_s
             session.total_worker_step_s += reply.step_time_s
             session.total_worker_idle_s += reply.idle_time_s
+            if self.pacer.adaptive:
+                changed = self.pacer.on_step(reply.idle_time_s, time.monotonic())
+                if changed is not None:
+                    self._set_stream_interval(changed)
             outputs = sched.update_from_output(out, reply.sampled)
             self.observer.on_step(session, out, reply, time.perf_counter() - started)
             self.slo.on_step(sched, out, time.perf_counter() - started)
             self._deliver_step(session, outputs, reply.logprobs)
             if self.waiting:
                 self._dispatch()
+
+    def _set_stream_interval(self, interval: int) -> None:
+        """Adaptive --stream-interval: every stream (but those with logprobs) from now on."""
+        for state in self.requests.values():
+            if state.params.logprobs is None:
+                state.stream_interval = interval
+        log.info("stream_interval_changed", interval=interval,
+                 worker_idle_ms=round(1e3 * self.pacer.idle_avg_s, 3))  # fmt: skip
 
     async def _idle(self, session: WorkerSession) -> None:
         """Nothing to send: wait for a new request, an abort, a drain deadline or loss."""

@@ -178,6 +178,8 @@ async def serve(cfg: SchedulerServiceConfig) -> None:
 
 def main(cfg: SchedulerServiceConfig) -> None:
     configure_logging(cfg.log_level, cfg.log_json)
-    if cfg.stream_interval < 1:
-        raise SystemExit(f"--stream-interval must be at least 1; got {cfg.stream_interval}")
+    if cfg.stream_interval < 0:
+        raise SystemExit(
+            f"--stream-interval must be 0 (adaptive) or more; got {cfg.stream_interval}"
+        )
     event_loop.run(serve(cfg), cfg.event_loop)

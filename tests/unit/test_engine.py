@@ -206,8 +206,37 @@ def test_stream_interval_groups_tokens_through_a_migration(interval):
         tokens, deltas = await drain(wants_logprobs)
         assert [len(d.token_ids) for d in deltas] == [1, 1, 1, 1]
         tasks[1].cancel()
-        with pytest.raises(ValueError, match="at least 1"):
-            make_engine(stream_interval=0)
+        with pytest.raises(ValueError, match="adaptive"):
+            make_engine(stream_interval=-1)
+
+    asyncio.run(main())
+
+
+def test_adaptive_stream_interval_batches_while_workers_wait():
+    """--stream-interval 0: a worker that reports waiting on the scheduler makes streams carry
+    more tokens per message; the tokens are the same."""
+
+    class WaitingWorker(FakeWorker):
+        async def execute(self, out):
+            reply = await super().execute(out)
+            reply.idle_time_s = 0.01  # 10 ms a step waiting on the scheduler
+            return reply
+
+    async def main():
+        engine = make_engine(stream_interval=0)
+        assert engine.pacer.adaptive and engine.pacer.interval == 1
+        engine.pacer.up_after_s = 0.0  # step up at once, for the test
+        session = engine.attach(registration("w"), WaitingWorker())
+        task = asyncio.create_task(engine.run_worker(session))
+        states = [make_state(f"r{i}", [4, 5, 6, i], 40) for i in range(4)]
+        for s in states:
+            engine.submit(s)
+        results = await asyncio.gather(*(drain(s) for s in states))
+        for state, (tokens, deltas) in zip(states, results, strict=True):
+            assert tokens == reference(state.prompt_token_ids, 40)
+            assert len(deltas[0].token_ids) == 1 and max(len(d.token_ids) for d in deltas) > 1
+        assert engine.pacer.interval > 1
+        task.cancel()
 
     asyncio.run(main())
 
