@@ -217,7 +217,7 @@ def main() -> None:
     parser.add_argument(
         "--stream-interval",
         type=int,
-        default=1,
+        default=0,
         help="the service's --stream-interval (0 = adaptive; the table shows where it settled)",
     )
     parser.add_argument(

@@ -49,10 +49,10 @@ class SchedulerServiceConfig:
     thrash_window_s: float = _opt(10.0, "seconds over which the thrash ratio is measured")
     thrash_backpressure: bool = _opt(False, "refuse new requests while the KV cache thrashes")
     stream_interval: int = _opt(
-        1,
-        "tokens per streamed message after the first (1 = each token at once; more = less "
-        "scheduler CPU per token at thousands of streams; 0 = adaptive: 1 while the scheduler "
-        "keeps up with its workers, up to 16 while they wait on it)",
+        0,
+        "tokens per streamed message after the first: 0 = adaptive (1 while the scheduler keeps "
+        "up with its workers, up to 16 while they wait on it), N = always N (1 = each token at "
+        "once)",
     )
     max_migrations: int = _opt(3, "times a request may move to another worker before failing")
     worker_secret: str = _opt("", "shared secret workers must present (empty = none)")

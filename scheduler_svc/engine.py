@@ -440,7 +440,7 @@ class ServingEngine:
             if state.params.logprobs is None:
                 state.stream_interval = interval
         log.info("stream_interval_changed", interval=interval,
-                 worker_idle_ms=round(1e3 * self.pacer.idle_avg_s, 3))  # fmt: skip
+                 worker_idle_ms=round(1e3 * self.pacer.last_idle_avg_s, 3))  # fmt: skip
 
     async def _idle(self, session: WorkerSession) -> None:
         """Nothing to send: wait for a new request, an abort, a drain deadline or loss."""

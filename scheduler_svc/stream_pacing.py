@@ -4,7 +4,8 @@ Adaptive (`--stream-interval 0`): each token on its own while the scheduler keep
 workers; while workers wait on the scheduler (the idle gap each worker reports between its
 reply and the next step grows), streams go 2, 4 ... 16 tokens a message, which takes most of
 the per-token cost (a delta, a wake-up, a message) off the step loop; back down once the gap
-stays small. Steps up fast, down slowly, so it settles instead of swinging every period.
+stays small. The gap is averaged over half-second windows; one window above the high mark
+steps up, four in a row under the low mark step down, so it settles instead of swinging.
 Only with async scheduling: without it every step waits on the scheduler by design.
 """
 
@@ -20,12 +21,14 @@ class StreamPacer:
     interval: int = 1  # tokens per message after the first
     adaptive: bool = False
     high_idle_s: float = 0.001  # workers wait this long per step on average: batch more
-    low_idle_s: float = 0.0003  # they wait less than this: batch less
-    up_after_s: float = 0.5  # the gap must stay high this long before stepping up...
-    down_after_s: float = 2.0  # ... and low this long before stepping down
-    smoothing: float = 0.1  # weight of one step in the moving average of the gap
-    idle_avg_s: float = 0.0
-    _last_change: float | None = None
+    low_idle_s: float = 0.0003  # they wait less than this: batch less...
+    down_windows: int = 4  # ... once it held for this many windows in a row
+    window_s: float = 0.5  # the gap is averaged over windows of this length
+    last_idle_avg_s: float = 0.0  # the average of the last whole window
+    _window_start: float | None = None
+    _idle_sum: float = 0.0
+    _steps: int = 0
+    _low_windows: int = 0
 
     @classmethod
     def from_setting(cls, stream_interval: int, async_scheduling: bool) -> StreamPacer:
@@ -41,24 +44,25 @@ class StreamPacer:
         """One worker step's idle gap; returns the new interval when it changes."""
         if not self.adaptive:
             return None
-        self.idle_avg_s += self.smoothing * (worker_idle_s - self.idle_avg_s)
-        if self._last_change is None:
-            self._last_change = now
-        since = now - self._last_change
-        interval = self.interval
-        if self.idle_avg_s > self.high_idle_s and interval < MAX_ADAPTIVE_INTERVAL:
-            if since < self.up_after_s:
-                return None
-            interval *= 2
-        elif self.idle_avg_s < self.low_idle_s and interval > 1:
-            if since < self.down_after_s:
-                return None
-            interval //= 2
-        else:
-            if not self.low_idle_s <= self.idle_avg_s <= self.high_idle_s:
-                return None  # at a bound already
-            self._last_change = now  # in the band: the clock restarts
+        if self._window_start is None:
+            self._window_start = now
+        self._idle_sum += worker_idle_s
+        self._steps += 1
+        if now - self._window_start < self.window_s:
             return None
-        self.interval = interval
-        self._last_change = now
-        return interval
+        avg = self.last_idle_avg_s = self._idle_sum / self._steps
+        self._window_start, self._idle_sum, self._steps = now, 0.0, 0
+        if avg > self.high_idle_s:
+            self._low_windows = 0
+            if self.interval < MAX_ADAPTIVE_INTERVAL:
+                self.interval *= 2
+                return self.interval
+        elif avg < self.low_idle_s:
+            self._low_windows += 1
+            if self._low_windows >= self.down_windows and self.interval > 1:
+                self._low_windows = 0
+                self.interval //= 2
+                return self.interval
+        else:
+            self._low_windows = 0
+        return None

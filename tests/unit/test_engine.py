@@ -225,7 +225,7 @@ def test_adaptive_stream_interval_batches_while_workers_wait():
     async def main():
         engine = make_engine(stream_interval=0)
         assert engine.pacer.adaptive and engine.pacer.interval == 1
-        engine.pacer.up_after_s = 0.0  # step up at once, for the test
+        engine.pacer.window_s = 0.0  # every step a window of its own, for the test
         session = engine.attach(registration("w"), WaitingWorker())
         task = asyncio.create_task(engine.run_worker(session))
         states = [make_state(f"r{i}", [4, 5, 6, i], 40) for i in range(4)]
