@@ -395,6 +395,9 @@ class ServingEngine:
         transport = session.transport
         depth = 2 if self.config.async_scheduling else 1
         inflight: deque = deque()
+        # the worker's wait before a step sent after a moment with nothing to schedule is not
+        # time the scheduler added: such steps do not count for the adaptive stream interval
+        after_pause = True
         while not session.lost:
             leaving = session.draining and (
                 not session.request_ids or time.monotonic() >= session.drain_deadline
@@ -405,14 +408,16 @@ class ServingEngine:
                 while len(inflight) < depth and not leaving:
                     out = sched.schedule()
                     if not _has_work(out):
+                        after_pause = True
                         break
                     started = time.perf_counter()
-                    inflight.append((out, await transport.submit(out), started))
+                    inflight.append((out, await transport.submit(out), started, after_pause))
+                    after_pause = False
                 if not inflight:
                     if not leaving:
                         await self._idle(session)
                     continue
-                out, handle, started = inflight.popleft()
+                out, handle, started, sent_after_pause = inflight.popleft()
                 reply = await transport.result(out, handle)
             except WorkerLost as exc:
                 session.mark_lost(str(exc))
@@ -423,7 +428,7 @@ class ServingEngine:
             session.last_forward_time_s = reply.forward_time_s
             session.total_worker_step_s += reply.step_time_s
             session.total_worker_idle_s += reply.idle_time_s
-            if self.pacer.adaptive:
+            if self.pacer.adaptive and not sent_after_pause:
                 changed = self.pacer.on_step(reply.idle_time_s, time.monotonic())
                 if changed is not None:
                     self._set_stream_interval(changed)
