@@ -119,24 +119,14 @@ class IncrementalDetokenizer:
         if self.stop_hit is not None:
             return
         if self.pieces is not None:
-            piece = self._bytes_to_text(new_token_ids)
-            if piece:
-                before = len(self.text)
-                self.text += piece
-                if self.stop_strings:
-                    self._check_stop(before)
+            self._append(self._bytes_to_text(new_token_ids))
             return
         if self.stream is not None:
             if new_token_ids:
-                piece = self.stream.step(
+                self._append(self.stream.step(
                     self.decoder.backend,
                     new_token_ids[0] if len(new_token_ids) == 1 else list(new_token_ids),
-                )
-                if piece:
-                    before = len(self.text)
-                    self.text += piece
-                    if self.stop_strings:
-                        self._check_stop(before)
+                ))  # fmt: skip
             return
         self.token_ids.extend(new_token_ids)
         decode = self.decoder.decode
@@ -144,17 +134,22 @@ class IncrementalDetokenizer:
         prefix_text = decode(self.token_ids[self.prefix_offset : self.read_offset], skip)
         full_text = decode(self.token_ids[self.prefix_offset :], skip)
         if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
-            before = len(self.text)
-            self.text += full_text[len(prefix_text) :]
             self.prefix_offset = max(self.read_offset, len(self.token_ids) - _CONTEXT_TOKENS)
             self.read_offset = len(self.token_ids)
-            if self.stop_strings:
-                self._check_stop(before)
+            self._append(full_text[len(prefix_text) :])
         # keep the window bounded
         if self.prefix_offset > 64:
             del self.token_ids[: self.prefix_offset]
             self.read_offset -= self.prefix_offset
             self.prefix_offset = 0
+
+    def _append(self, piece: str | None) -> None:
+        """New decoded text (None or "" for none yet), checked for stop strings."""
+        if piece:
+            before = len(self.text)
+            self.text += piece
+            if self.stop_strings:
+                self._check_stop(before)
 
     def _check_stop(self, new_from: int) -> None:
         longest = max(len(s) for s in self.stop_strings)

@@ -121,6 +121,12 @@ async def drain(state: RequestState) -> tuple[list[int], list]:
             return tokens, deltas
 
 
+async def submit_and_drain(engine, states: list[RequestState]) -> list[tuple[list[int], list]]:
+    for s in states:
+        engine.submit(s)
+    return await asyncio.gather(*(drain(s) for s in states))
+
+
 async def run_session(engine, session):
     await engine.run_worker(session)
     engine.detach(session, session.lost_reason or "test")
@@ -187,9 +193,7 @@ def test_stream_interval_groups_tokens_through_a_migration(interval):
         tasks = [asyncio.create_task(run_session(engine, dying)),
                  asyncio.create_task(engine.run_worker(healthy))]  # fmt: skip
         states = [make_state(f"r{i}", [7, 8, 9, i], 11) for i in range(4)]
-        for s in states:
-            engine.submit(s)
-        results = await asyncio.gather(*(drain(s) for s in states))
+        results = await submit_and_drain(engine, states)
         for state, (tokens, deltas) in zip(states, results, strict=True):
             assert tokens == reference(state.prompt_token_ids, 11)
             assert "".join(d.text for d in deltas) == FakeDecoder().decode(tokens)
@@ -229,9 +233,7 @@ def test_adaptive_stream_interval_batches_while_workers_wait():
         session = engine.attach(registration("w"), WaitingWorker())
         task = asyncio.create_task(engine.run_worker(session))
         states = [make_state(f"r{i}", [4, 5, 6, i], 40) for i in range(4)]
-        for s in states:
-            engine.submit(s)
-        results = await asyncio.gather(*(drain(s) for s in states))
+        results = await submit_and_drain(engine, states)
         for state, (tokens, deltas) in zip(states, results, strict=True):
             assert tokens == reference(state.prompt_token_ids, 40)
             assert len(deltas[0].token_ids) == 1 and max(len(d.token_ids) for d in deltas) > 1
