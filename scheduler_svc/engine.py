@@ -169,9 +169,7 @@ class ServingEngine:
         self.slo.check(request, [self.waiting], [s.scheduler for s in live])
         self.requests[state.request_id] = state
         state.core = request
-        # tokens and their logprobs go together: a request that asked for logprobs streams
-        # each token as it comes
-        state.stream_interval = self.pacer.interval if state.params.logprobs is None else 1
+        state.set_stream_interval(self.pacer.interval)
         self.waiting.add(request)
         self.observer.on_request_accepted(state)
         if not live:
@@ -440,10 +438,9 @@ class ServingEngine:
                 self._dispatch()
 
     def _set_stream_interval(self, interval: int) -> None:
-        """Adaptive --stream-interval: every stream (but those with logprobs) from now on."""
+        """Adaptive --stream-interval: every stream from now on."""
         for state in self.requests.values():
-            if state.params.logprobs is None:
-                state.stream_interval = interval
+            state.set_stream_interval(interval)
         log.info("stream_interval_changed", interval=interval,
                  worker_idle_ms=round(1e3 * self.pacer.last_idle_avg_s, 3))  # fmt: skip
 

@@ -171,7 +171,6 @@ class RequestState:
         if self.finish_reason is not None:
             return False
         detok = self.detokenizer
-        text = None
         first = self.first_token_time is None
         if token_ids:
             now = time.monotonic() if now is None else now
@@ -179,14 +178,7 @@ class RequestState:
                 self.first_token_time = now
             self.last_token_time = now
             self.output_token_ids.extend(token_ids)
-            # the usual token: one lookup in the byte table (detok.push's own first case)
-            texts = detok.texts
-            if texts and len(token_ids) == 1 and not detok.pending and not detok.stop_strings:
-                token_id = token_ids[0]
-                if 0 <= token_id < len(texts):
-                    text = texts[token_id]
-        if text is None:
-            text = detok.push(token_ids, finish_reason is not None)
+        text = detok.push(token_ids, finish_reason is not None)
         stopped_by_string = detok.stop_hit is not None
         if stopped_by_string:
             finish_reason, stop_reason = FinishReason.STOP, detok.stop_hit
@@ -195,13 +187,11 @@ class RequestState:
             self.finish_reason = finish_reason
         elif not token_ids and not text:
             return False
-        elif self.stream_interval > 1 and not first:
-            held.extend(token_ids)  # the first tokens go at once, later ones by the interval
-            self.held_texts.append(text)
-            if len(held) < self.stream_interval:
+        elif self.stream_interval > 1 and not first:  # the first tokens go at once
+            released = self._hold(token_ids, text)
+            if released is None:
                 return False
-            token_ids, text = held, self._take_held_text()
-            self.held_token_ids = []
+            token_ids, text = released
             held = None
         if held:  # tokens waiting for --stream-interval go first
             token_ids, text = held + token_ids, self._take_held_text() + text
@@ -236,14 +226,10 @@ class RequestState:
                 if self.first_token_time is None:
                     self.first_token_time = now
                 elif self.stream_interval > 1:
-                    held = self.held_token_ids
-                    held.append(token_id)
-                    held_texts = self.held_texts
-                    held_texts.append(text)
-                    if len(held) < self.stream_interval:
+                    released = self._hold(token_ids, text)
+                    if released is None:
                         return False
-                    token_ids, text = held, "".join(held_texts)
-                    self.held_token_ids, self.held_texts = [], []
+                    token_ids, text = released
                 self.queue.put_nowait(StreamDelta(
                     token_ids, text, None, "", None, "", "", len(output_token_ids),
                     self.worker_id or "",
@@ -278,6 +264,21 @@ class RequestState:
                 num_output_tokens=len(self.output_token_ids),
             )
         )
+
+    def set_stream_interval(self, interval: int) -> None:
+        """Tokens per message from now on; a request with logprobs streams each token (its
+        tokens and their logprobs go together)."""
+        self.stream_interval = interval if self.params.logprobs is None else 1
+
+    def _hold(self, token_ids: list[int], text: str) -> tuple[list[int], str] | None:
+        """Keep tokens back for --stream-interval; all of them once there are enough."""
+        held = self.held_token_ids
+        held.extend(token_ids)
+        self.held_texts.append(text)
+        if len(held) < self.stream_interval:
+            return None
+        self.held_token_ids = []
+        return held, self._take_held_text()
 
     def _take_held_tokens(self) -> list[int]:
         held, self.held_token_ids = self.held_token_ids, []
