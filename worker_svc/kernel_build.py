@@ -28,7 +28,7 @@ SOURCES = tuple(
         "amx_gemm.c",
     )
 )
-HEADERS = (CSRC / "simd_math.h", CSRC / "amx_tiles.h")
+HEADERS = (CSRC / "simd_math.h", CSRC / "amx_tiles.h", CSRC / "work_runs.h")
 LIBRARY_PREFIX = "cpu_kernels"
 PREBUILT_DIR = Path(__file__).with_name("prebuilt_kernels")
 # No -ffast-math: it links crtfastmath.o, which turns on flush-to-zero for the whole process

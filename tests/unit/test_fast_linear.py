@@ -169,6 +169,27 @@ def test_amx_linear_matches_float32_sums_rounded(bias, rows, in_features, out_fe
 
 
 @needs_amx
+@pytest.mark.parametrize("rows", [64, 500])
+def test_amx_linear_gives_the_same_bits_on_any_number_of_threads(rows):
+    """Each thread takes its own run of panel pairs and then steals from the others' (the
+    worker shares its cores): more threads than cores (preempted mid-run, so runs are stolen)
+    still compute every column once, in the same order."""
+    torch.manual_seed(rows)
+    lin = nn.Linear(576, 1536, bias=True).to(torch.bfloat16)
+    x = torch.randn(rows, 576).to(torch.bfloat16)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = AmxLinear(lin, AMX)(x)
+        for threads in (2, 3, 8):
+            torch.set_num_threads(threads)
+            for _ in range(5):
+                assert torch.equal(AmxLinear(lin, AMX)(x), one)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_amx
 def test_amx_pack_puts_each_tile_in_vnni_order():
     weight = torch.arange(64 * 96, dtype=torch.float32).view(64, 96).to(torch.bfloat16)
     packed = AMX.pack(weight)

@@ -26,6 +26,7 @@
 
 #include "amx_tiles.h"
 #include "simd_math.h"
+#include "work_runs.h"
 
 #define ROW_BLOCK 64 /* rows per block (2048 rows: 1.9 TFLOP/s; 256-row blocks 1.75, none 1.3) */
 #define PREFETCH_BYTES 4096 /* B read ahead: four K slices */
@@ -104,18 +105,27 @@ AMX_TARGET static int gemm(const uint16_t *x, int64_t M, int64_t K, int64_t lda,
     }
     if (num_threads < 1) num_threads = 1;
     if (num_threads > panels / 2) num_threads = panels / 2;
+    if (num_threads > WORK_RUNS_MAX_THREADS) num_threads = WORK_RUNS_MAX_THREADS;
+    /* rows in blocks of ROW_BLOCK (their x stays in L2 while the thread's panels pass); each
+     * thread's run is its panel pairs for each row block in turn, so its pairs, streamed once,
+     * stay in its L2 across row blocks; a thread done early steals (work_runs.h) */
+    const int64_t pairs = panels / 2, tiles_per_block = ROW_BLOCK / 16;
+    const int64_t row_blocks = (row_tiles + tiles_per_block - 1) / tiles_per_block;
+    WorkRun runs[WORK_RUNS_MAX_THREADS];
+    for (int64_t t = 0; t < num_threads; t++)
+        work_run_init(&runs[t], 0, (pairs * (t + 1) / num_threads - pairs * t / num_threads) * row_blocks);
 #pragma omp parallel num_threads(num_threads)
     {
-        /* each thread its own run of panel pairs, each streamed once per 32 rows */
-        const int64_t pairs = panels / 2, threads = omp_get_num_threads(), t = omp_get_thread_num();
-        const int64_t first = pairs * t / threads, last = pairs * (t + 1) / threads;
+        const int64_t t = omp_get_thread_num();
         float sums[32 * 32] __attribute__((aligned(64)));
         amx_configure_tiles();
-        /* rows in blocks of ROW_BLOCK (their x stays in L2 while the thread's panels pass) */
-        for (int64_t rb = 0; rb < row_tiles; rb += ROW_BLOCK / 16)
-        for (int64_t q = first; q < last; q++) {
+        int64_t owner, item;
+        while ((item = work_runs_take(runs, num_threads, t, &owner)) >= 0) {
+            const int64_t first = pairs * owner / num_threads;
+            const int64_t own = pairs * (owner + 1) / num_threads - first;
+            const int64_t q = first + item % own, rb = item / own * tiles_per_block;
             const uint16_t *p0 = packed + 2 * q * kblocks * 512, *p1 = p0 + kblocks * 512;
-            const int64_t rb_end = rb + ROW_BLOCK / 16 < row_tiles ? rb + ROW_BLOCK / 16 : row_tiles;
+            const int64_t rb_end = rb + tiles_per_block < row_tiles ? rb + tiles_per_block : row_tiles;
             for (int64_t r0 = rb; r0 < rb_end; r0 += 2) {
                 block_2x2(xs + r0 * 16 * ld, ld, p0, p1, kblocks, sums);
                 const int64_t rows = M - r0 * 16 < 32 ? M - r0 * 16 : 32;
