@@ -45,6 +45,7 @@ _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 class FusedOps:
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._rms_norms, self._silu_muls, self._rotaries, self._argmaxes = {}, {}, {}, {}
+        self._add_rms_norms = {}
         for dtype, suffix in _SUFFIX.items():
             norm = getattr(lib, f"rms_norm_{suffix}")
             norm.argtypes = [_P, _I64, _I64, _I64, _P, ctypes.c_float, _P, _I64, _I64]
@@ -53,6 +54,10 @@ class FusedOps:
             silu_mul.argtypes = [_P, _P, _P, _I64, _I64]
             silu_mul.restype = ctypes.c_int
             self._rms_norms[dtype], self._silu_muls[dtype] = norm, silu_mul
+            add_norm = getattr(lib, f"add_rms_norm_{suffix}")
+            add_norm.argtypes = [_P, _P, _I64, _I64, _I64, _I64, _P, ctypes.c_float, _P, _I64, _I64]
+            add_norm.restype = ctypes.c_int
+            self._add_rms_norms[dtype] = add_norm
             rotary = getattr(lib, f"rotary_{suffix}")
             rotary.argtypes = [_P, _P, *[_I64] * 7, _P, _P, _I64, _I64]
             rotary.restype = ctypes.c_int
@@ -75,6 +80,21 @@ class FusedOps:
                 out.data_ptr(), dim, torch.get_num_threads(),
             )  # fmt: skip
         return out.view(x.shape)
+
+    def add_rms_norm_(
+        self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """x += delta in place (rounded to x's dtype, as torch's add), then the RMSNorm of x:
+        a decoder layer's residual add and the next norm in one pass. x [rows, dim] with
+        contiguous features, delta the same shape and dtype (the caller checks)."""
+        out = torch.empty(x.shape, dtype=x.dtype)
+        with profiled_range("splitserve::add_rms_norm"):
+            self._add_rms_norms[x.dtype](
+                x.data_ptr(), delta.data_ptr(), x.shape[0], x.shape[1], x.stride(0),
+                delta.stride(0), weight.data_ptr(), eps, out.data_ptr(), x.shape[1],
+                torch.get_num_threads(),
+            )  # fmt: skip
+        return out
 
     def silu_mul_(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         """gate <- silu(gate) * up (both contiguous, same shape); returns gate."""

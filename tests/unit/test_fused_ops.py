@@ -63,6 +63,23 @@ def test_gated_mlp_rounds_like_torch_in_bf16(rows):
 
 
 @needs_ops
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "dim"), [(1, 576), (64, 576), (3, 100), (2048, 576)])
+def test_add_rms_norm_is_the_residual_add_then_the_norm(dtype, rows, dim):
+    """x += delta in place, rounded as torch's add, then the same bits as rms_norm of the sum;
+    delta may be a strided view (the runner passes projection outputs as they are)."""
+    torch.manual_seed(rows + dim)
+    x = torch.randn(rows, dim).to(dtype)
+    wide = torch.randn(rows, dim + 32).to(dtype)
+    delta = wide[:, :dim]
+    weight = torch.randn(dim).to(dtype)
+    want_x = x + delta
+    want = OPS.rms_norm(want_x, weight, 1e-5)
+    got = OPS.add_rms_norm_(x, delta, weight, 1e-5)
+    assert torch.equal(x, want_x) and torch.equal(got, want)
+
+
+@needs_ops
 def test_rms_norm_of_another_dtype_than_its_weight_follows_hf():
     norm = LlamaRMSNorm(64).to(torch.bfloat16)
     x = torch.randn(3, 64)  # float32 input, bfloat16 weight: HF promotes to float32

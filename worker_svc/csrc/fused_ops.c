@@ -4,6 +4,7 @@
  * (2048 x 576 floats, larger than L2) each of those passes goes to memory.
  *
  * rms_norm_f32: out[r] = weight * (x[r] * 1 / sqrt(mean(x[r]^2) + eps)), HF's Llama order.
+ * add_rms_norm_f32: x[r] += delta[r] in place (the residual add), then out[r] = the norm of it.
  * silu_mul_f32: out = gate / (1 + e^-gate) * up, elementwise; out may alias gate.
  * The _bf16 versions take and give bfloat16 and round where torch's bfloat16 ops round: the
  * norm is computed in float32 and rounded before and after the weight multiply, the SiLU is
@@ -49,11 +50,15 @@ static inline __attribute__((always_inline)) __m512 as_stored(const int bf16, __
     return bf16 ? through_bf16(v) : v;
 }
 
-static inline __attribute__((always_inline)) void rms_norm(const int bf16, const void *x,
-                                                          int64_t rows, int64_t dim,
-                                                          int64_t x_stride, const void *weight,
-                                                          float eps, void *out,
-                                                          int64_t out_stride,
+/* With `delta` (add_rms_norm), x[r] += delta[r] first, stored rounded to x's dtype (torch's
+ * `residual + hidden`), and the norm is of that sum: the decoder layer's residual add and the
+ * next norm in one pass over the row instead of two ops. */
+static inline __attribute__((always_inline)) void rms_norm(const int bf16, void *x,
+                                                          const void *delta, int64_t rows,
+                                                          int64_t dim, int64_t x_stride,
+                                                          int64_t delta_stride,
+                                                          const void *weight, float eps,
+                                                          void *out, int64_t out_stride,
                                                           int64_t num_threads) {
 #pragma omp parallel for schedule(static) num_threads(num_threads) \
     if (rows * dim >= PARALLEL_MIN_FLOATS && num_threads > 1)
@@ -64,11 +69,20 @@ static inline __attribute__((always_inline)) void rms_norm(const int bf16, const
         int64_t d = 0;
         for (; d + 64 <= dim; d += 64)
             for (int j = 0; j < 4; j++) {
-                const __m512 v = load_lanes(bf16, x, r * x_stride + d + 16 * j, 0xFFFF);
+                __m512 v = load_lanes(bf16, x, r * x_stride + d + 16 * j, 0xFFFF);
+                if (delta) {
+                    v = as_stored(bf16, _mm512_add_ps(v, load_lanes(bf16, delta, r * delta_stride + d + 16 * j, 0xFFFF)));
+                    store_lanes(bf16, x, r * x_stride + d + 16 * j, 0xFFFF, v);
+                }
                 acc[j] = _mm512_fmadd_ps(v, v, acc[j]);
             }
         for (; d < dim; d += 16) {
-            const __m512 v = load_lanes(bf16, x, r * x_stride + d, first_lanes(dim - d));
+            const __mmask16 m = first_lanes(dim - d);
+            __m512 v = load_lanes(bf16, x, r * x_stride + d, m);
+            if (delta) {
+                v = as_stored(bf16, _mm512_add_ps(v, load_lanes(bf16, delta, r * delta_stride + d, m)));
+                store_lanes(bf16, x, r * x_stride + d, m, v);
+            }
             acc[0] = _mm512_fmadd_ps(v, v, acc[0]);
         }
         const __m512 total = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
@@ -175,7 +189,15 @@ static inline __attribute__((always_inline)) int argmax_rows(const int bf16, con
     int rms_norm_##SUFFIX(const T *x, int64_t rows, int64_t dim, int64_t x_stride,           \
                           const T *weight, float eps, T *out, int64_t out_stride,            \
                           int64_t num_threads) {                                             \
-        rms_norm(IS_BF16, x, rows, dim, x_stride, weight, eps, out, out_stride, num_threads); \
+        rms_norm(IS_BF16, (T *)x, NULL, rows, dim, x_stride, 0, weight, eps, out, out_stride, \
+                 num_threads);                                                               \
+        return 0;                                                                            \
+    }                                                                                        \
+    int add_rms_norm_##SUFFIX(T *x, const T *delta, int64_t rows, int64_t dim,               \
+                              int64_t x_stride, int64_t delta_stride, const T *weight,       \
+                              float eps, T *out, int64_t out_stride, int64_t num_threads) {  \
+        rms_norm(IS_BF16, x, delta, rows, dim, x_stride, delta_stride, weight, eps, out,     \
+                 out_stride, num_threads);                                                   \
         return 0;                                                                            \
     }                                                                                        \
     int silu_mul_##SUFFIX(const T *gate, const T *up, T *out, int64_t n, int64_t num_threads) { \
