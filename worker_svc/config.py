@@ -54,6 +54,12 @@ class ModelRunnerConfig:
         "CPU float32 / bfloat16: RMSNorm and the SiLU-gated MLP product in one native pass "
         "each, for the model classes known to use Llama's formulas",
     )
+    decoder_loop: bool = _opt(
+        True,
+        "CPU, Llama models with fused ops: the runner's own loop over the layers instead of "
+        "Hugging Face's forward (same bits), residual add and norm in one pass, q/k/v in one "
+        "AMX GEMM (bfloat16)",
+    )
     keep_freed_memory: bool = _opt(
         True,
         "CPU: glibc malloc keeps freed activations for reuse instead of returning them to "

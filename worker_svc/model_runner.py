@@ -20,7 +20,7 @@ import torch
 
 from common.model_source import resolve_model
 from scheduler_svc.core.outputs import SchedulerOutput
-from worker_svc import attention, fused_ops, native_attention
+from worker_svc import attention, decoder_loop, fused_ops, native_attention
 from worker_svc.compile import compile_model
 from worker_svc.config import GiB, ModelRunnerConfig
 from worker_svc.fast_linear import optimize_linears
@@ -77,6 +77,9 @@ class ModelRunner:
             self.fused_modules = fuse_elementwise(self.model)
         if config.compile:
             compile_model(self.model)
+        self.decoder_loop = None
+        if self.fused_modules and config.decoder_loop:
+            self.decoder_loop = decoder_loop.build(self.model, fused_ops.load())
         self.load_time_s = time.perf_counter() - started
         mc = self.model.config.get_text_config()
         self._vocab_size = int(mc.vocab_size)
@@ -178,13 +181,18 @@ class ModelRunner:
         started = time.perf_counter()
         inputs = self._prepare_inputs(so)
         with torch.inference_mode():
-            logits = self.model(
-                input_ids=inputs.input_ids,
-                position_ids=inputs.position_ids,
-                use_cache=False,
-                logits_to_keep=inputs.logits_index,
-                **{attention.METADATA_KWARG: inputs.meta},
-            ).logits[0]
+            if self.decoder_loop is not None:
+                logits = self.decoder_loop(
+                    inputs.input_ids, inputs.position_ids, inputs.logits_index, inputs.meta
+                )
+            else:
+                logits = self.model(
+                    input_ids=inputs.input_ids,
+                    position_ids=inputs.position_ids,
+                    use_cache=False,
+                    logits_to_keep=inputs.logits_index,
+                    **{attention.METADATA_KWARG: inputs.meta},
+                ).logits[0]
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             forwarded = time.perf_counter()
