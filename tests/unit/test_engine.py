@@ -243,6 +243,76 @@ def test_adaptive_stream_interval_batches_while_workers_wait():
     asyncio.run(main())
 
 
+class GatedWorker(FakeWorker):
+    """A FakeWorker whose steps wait for the test to open a gate; records what each step
+    admitted (new requests) and when it was submitted relative to the others."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.admitted: list[list[str]] = []
+
+    async def submit(self, out):
+        self.admitted.append([r.request_id for r in out.new_requests])
+        return await super().submit(out)
+
+    async def execute(self, out):
+        await self.gate.wait()
+        return await super().execute(out)
+
+
+def test_a_step_after_a_pause_runs_alone_so_a_burst_joins_the_next():
+    """Async scheduling pipelines step N+1 behind step N, but not behind a step sent after the
+    worker had nothing to do: requests still arriving then (a burst reaches the scheduler over
+    tens of ms) go into the next step together instead of a pipelined step of one."""
+
+    async def main():
+        engine = make_engine()
+        worker = GatedWorker()
+        session = engine.attach(registration("w"), worker)
+        task = asyncio.create_task(engine.run_worker(session))
+        worker.gate.clear()
+        first = make_state("r0", [1, 2, 3, 4], 3)
+        engine.submit(first)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert worker.admitted == [["r0"]]  # step 1 sent, no step pipelined behind it
+        rest = [make_state(f"r{i}", [i, 2, 3, 4], 3) for i in range(1, 4)]
+        for s in rest:
+            engine.submit(s)
+        worker.gate.set()
+        results = await asyncio.gather(*(drain(s) for s in [first, *rest]))
+        assert worker.admitted[1] == ["r1", "r2", "r3"]
+        for state, (tokens, _) in zip([first, *rest], results, strict=True):
+            assert tokens == reference(state.prompt_token_ids, 3)
+        task.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_pipelined_step_draws_on_a_refilled_worker_queue():
+    """The worker's queue holds --worker-queue-depth requests; the queue is refilled from the
+    global one before every step, also the one scheduled while the previous step runs."""
+
+    async def main():
+        engine = make_engine(worker_queue_depth=2)
+        worker = GatedWorker()
+        session = engine.attach(registration("w"), worker)
+        states = [make_state(f"r{i}", [i, 2, 3, 4], 30) for i in range(8)]
+        for s in states:
+            engine.submit(s)
+        task = asyncio.create_task(engine.run_worker(session))
+        results = await asyncio.gather(*(drain(s) for s in states))
+        # two per step (the queue's depth), also in the steps pipelined behind another
+        assert [len(a) for a in worker.admitted[:4]] == [2, 2, 2, 2]
+        for state, (tokens, _) in zip(states, results, strict=True):
+            assert tokens == reference(state.prompt_token_ids, 30)
+        task.cancel()
+
+    asyncio.run(main())
+
+
 def test_too_many_migrations_fail_with_a_sentence():
     async def main():
         engine = make_engine(max_migrations=0)
