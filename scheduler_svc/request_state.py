@@ -225,7 +225,7 @@ class RequestState:
                 output_token_ids.append(token_id)
                 if self.first_token_time is None:
                     self.first_token_time = now
-                elif self.stream_interval > 1:
+                elif self.stream_interval > 1 or self.held_token_ids:  # (interval lowered)
                     released = self._hold(token_ids, text)
                     if released is None:
                         return False

@@ -144,6 +144,37 @@ def test_held_tokens_go_with_the_last_delta_of_any_ending():
         assert deltas[-1].finish_reason is not None and not state.held_token_ids
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_tokens_held_when_the_interval_drops_go_first_with_the_next(fast):
+    """The adaptive interval may fall while a token is held: it goes out before the next token,
+    in order (the fast path once sent the new token alone, and the held newline came out at
+    the end: " Paris.\nThe answer is\n:" for " Paris.\n\nThe answer is:")."""
+    from common.tokenizer import load_tokenizer
+    from scheduler_svc.core.request import FinishReason, SamplingParams
+    from scheduler_svc.detokenizer import IncrementalDetokenizer
+    from scheduler_svc.request_state import RequestState
+
+    tok = load_tokenizer(None)
+    text = " Paris.\n\nThe answer is:"
+    ids = tok.encode(text)
+    detok = IncrementalDetokenizer.for_prompt(tok, [1], True, [])
+    state = RequestState("r", [1], SamplingParams(max_tokens=50), detok, stream_interval=4)
+    for i, t in enumerate(ids[:-1]):
+        if i == 3:  # tokens 1 and 2 are held
+            state.set_stream_interval(1)
+        if fast:
+            state.push_token([t], float(i))
+        else:
+            state.push_tokens([t], None, None, None, float(i))
+    state.push_tokens([ids[-1]], FinishReason.LENGTH, None, None, 99.0)
+    deltas = []
+    while not state.queue.empty():
+        deltas.append(state.queue.get_nowait())
+    assert [d.token_ids for d in deltas][:3] == [ids[:1], ids[1:4], ids[4:5]]
+    assert [t for d in deltas for t in d.token_ids] == ids
+    assert "".join(d.text for d in deltas) == text
+
+
 def test_a_consumer_behind_takes_the_backlog_as_one_delta():
     from scheduler_svc.core.request import FinishReason
 
