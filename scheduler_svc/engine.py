@@ -393,9 +393,13 @@ class ServingEngine:
         transport = session.transport
         depth = 2 if self.config.async_scheduling else 1
         inflight: deque = deque()
-        # the worker's wait before a step sent after a moment with nothing to schedule is not
-        # time the scheduler added: such steps do not count for the adaptive stream interval
+        # A step sent after a moment with nothing to schedule runs alone: requests of a burst
+        # still arriving join the next step instead of a pipelined one scheduled a moment after
+        # the first (64 requests sent at once reach the scheduler over ~35 ms here). The
+        # worker's wait before such a step, and before the one that waited on its result, is
+        # not time the scheduler added: neither counts for the adaptive stream interval.
         after_pause = True
+        after_alone = False
         while not session.lost:
             leaving = session.draining and (
                 not session.request_ids or time.monotonic() >= session.drain_deadline
@@ -403,9 +407,6 @@ class ServingEngine:
             if leaving and not inflight:
                 return
             try:
-                # a step sent after a pause runs alone: requests of a burst still arriving
-                # then join the next step instead of a pipelined one scheduled a moment after
-                # the first (64 requests sent at once reach the scheduler over ~35 ms here)
                 while not leaving and len(inflight) < (1 if inflight and inflight[0][3] else depth):
                     if self.waiting:  # refill the worker's queue that the last step drew on
                         self._dispatch()
@@ -414,13 +415,15 @@ class ServingEngine:
                         after_pause = True
                         break
                     started = time.perf_counter()
-                    inflight.append((out, await transport.submit(out), started, after_pause))
-                    after_pause = False
+                    handle = await transport.submit(out)
+                    inflight.append((out, handle, started, after_pause, after_pause or after_alone))
+                    after_pause = after_alone = False
                 if not inflight:
                     if not leaving:
                         await self._idle(session)
                     continue
-                out, handle, started, sent_after_pause = inflight.popleft()
+                out, handle, started, alone, uncounted = inflight.popleft()
+                after_alone = alone
                 reply = await transport.result(out, handle)
             except WorkerLost as exc:
                 session.mark_lost(str(exc))
@@ -431,7 +434,7 @@ class ServingEngine:
             session.last_forward_time_s = reply.forward_time_s
             session.total_worker_step_s += reply.step_time_s
             session.total_worker_idle_s += reply.idle_time_s
-            if self.pacer.adaptive and not sent_after_pause:
+            if self.pacer.adaptive and not uncounted:
                 changed = self.pacer.on_step(reply.idle_time_s, time.monotonic())
                 if changed is not None:
                     self._set_stream_interval(changed)

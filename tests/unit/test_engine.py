@@ -291,6 +291,31 @@ def test_a_step_after_a_pause_runs_alone_so_a_burst_joins_the_next():
     asyncio.run(main())
 
 
+def test_the_waits_a_pause_causes_do_not_raise_the_stream_interval():
+    """Requests one at a time: each one's first step follows a pause, its second one waits on
+    the first's result (a step after a pause is not pipelined). The worker waits before both,
+    and neither wait is the scheduler falling behind: the interval stays at one token."""
+
+    class WaitingWorker(FakeWorker):
+        async def execute(self, out):
+            reply = await super().execute(out)
+            reply.idle_time_s = 0.01
+            return reply
+
+    async def main():
+        engine = make_engine(stream_interval=0)
+        engine.pacer.window_s = 0.0
+        session = engine.attach(registration("w"), WaitingWorker())
+        task = asyncio.create_task(engine.run_worker(session))
+        for i in range(12):
+            ((tokens, _),) = await submit_and_drain(engine, [make_state(f"r{i}", [4, 5, i], 2)])
+            assert tokens == reference([4, 5, i], 2)
+        assert engine.pacer.interval == 1
+        task.cancel()
+
+    asyncio.run(main())
+
+
 def test_a_pipelined_step_draws_on_a_refilled_worker_queue():
     """The worker's queue holds --worker-queue-depth requests; the queue is refilled from the
     global one before every step, also the one scheduled while the previous step runs."""
