@@ -71,6 +71,12 @@ class ModelRunnerConfig:
         "paged attention call stays eager; the first steps of each new shape compile",
     )
     max_logprobs: int = _opt(20, "most top-n logprobs a request may ask for")
+    warmup_tokens: int = _opt(
+        2048,
+        "the worker's start: one throwaway prefill of this many tokens (at most the step and "
+        "model limits; 0: none), so the largest step's activations are mapped and its kernels "
+        "set up before the first request (2048: the scheduler's default step budget)",
+    )
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:

@@ -29,7 +29,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_prefill(runner, n: int) -> float:
+def time_throwaway_prefill(runner, n: int) -> float:
+    """Seconds of one prefill of n tokens by a request that is then finished (on blocks
+    nothing uses yet: call it before serving, or between sessions)."""
     bs = runner.block_size
     vocab = max(4, getattr(runner, "vocab_size", 1000) - 3)
     prompt = [(j * 7) % vocab + 3 for j in range(n)]
@@ -58,8 +60,8 @@ def measure_prefill(runner, repeats: int = 1) -> tuple[float, float]:
     sizes = sorted({max(1, cap // 4), max(1, cap // 2), cap})
     if len(sizes) < 2:
         return 0.0, 0.0
-    _time_prefill(runner, sizes[0])  # warm-up
-    ts = [min(_time_prefill(runner, n) for _ in range(repeats)) for n in sizes]
+    time_throwaway_prefill(runner, sizes[0])  # warm-up
+    ts = [min(time_throwaway_prefill(runner, n) for _ in range(repeats)) for n in sizes]
     ns = np.array(sizes, dtype=float)
     y = np.array(ts)
     x = np.stack([np.ones_like(ns), ns, ns * ns / 2], axis=1)

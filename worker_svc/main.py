@@ -37,6 +37,7 @@ def main(link_cfg: WorkerLinkConfig, runner_cfg, sim_cfg: SimConfig | None = Non
         from worker_svc.model_runner import ModelRunner
 
         runner = ModelRunner(runner_cfg)
+        runner.warm_up(runner_cfg.warmup_tokens)
     log.info(
         "worker_ready",
         worker_id=link_cfg.worker_id,

@@ -54,6 +54,7 @@ def run_splitserve_inproc(args, wl: Workload, runs) -> dict:
     from scheduler_svc.core import SamplingParams
 
     runner = make_runner(args)
+    runner.warm_up(2048)  # as the worker does at its start (--warmup-tokens)
     params = SamplingParams(temperature=0.0, max_tokens=wl.max_tokens, ignore_eos=True)
     warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 

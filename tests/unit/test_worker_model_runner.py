@@ -108,6 +108,23 @@ def test_errors_and_reset(runner):
     assert step(runner, scheduled={}).sampled_token_ids == {}
 
 
+def test_warm_up_runs_a_capped_throwaway_prefill_and_leaves_no_trace(runner):
+    """The worker's start: one prefill as long as the limits allow, then a clean batch; the
+    garbage it wrote in the KV cache is never read by the requests that follow."""
+    runner.reset()
+    prompt = [7, 99, 23, 300, 41, 5, 77]
+    params = SamplingParams(temperature=0.0, logprobs=5)
+    cold = step(runner, [new("a", prompt, [0, 1], params=params)], scheduled={"a": len(prompt)})
+    runner.reset()
+    # tiny Llama: max_model_len 512, 32 blocks of 4 = 128 tokens of cache
+    assert runner.warm_up(4096) == 32 * 4
+    assert not runner.batch.states
+    assert runner.warm_up(0) == 0
+    warm = step(runner, [new("a", prompt, [0, 1], params=params)], scheduled={"a": len(prompt)})
+    assert warm.sampled_token_ids == cold.sampled_token_ids and warm.logprobs == cold.logprobs
+    runner.reset()
+
+
 def test_swap_only_step_copies_blocks(tiny_llama_dir):
     r = ModelRunner(
         ModelRunnerConfig(
