@@ -75,6 +75,11 @@ class PagedDecodeKernel:
             lib.paged_decode_set_bf16_dot.argtypes = [ctypes.c_int]
             lib.paged_decode_set_bf16_dot.restype = ctypes.c_int
             self.set_bf16_dot(os.environ.get("SPLITSERVE_BF16_DOT_ATTENTION") != "0")
+        self.two_pass = False  # those bodies in two passes (scores, softmax, V)
+        if getattr(lib, "paged_decode_set_two_pass", None) is not None:
+            lib.paged_decode_set_two_pass.argtypes = [ctypes.c_int]
+            lib.paged_decode_set_two_pass.restype = ctypes.c_int
+            self.set_two_pass(os.environ.get("SPLITSERVE_TWO_PASS_ATTENTION") != "0")
         self.amx_prefill = False  # bfloat16 prefill attention on AMX tiles (head_dim 64)
         if self._prefill_fns and getattr(lib, "paged_prefill_set_amx", None) is not None:
             lib.paged_prefill_set_amx.argtypes = [ctypes.c_int]
@@ -99,6 +104,14 @@ class PagedDecodeKernel:
         fn = getattr(self.lib, "paged_decode_set_bf16_dot", None)
         self.bf16_dot = bool(fn(int(on))) if fn is not None else False
         return self.bf16_dot
+
+    def set_two_pass(self, on: bool) -> bool:
+        """The AVX512-BF16 decode rows in two passes (scores, then one softmax per head, then V
+        with the accumulators in registers; the default) or as one pass of online softmax over
+        16-token chunks (to compare). Returns the setting."""
+        fn = getattr(self.lib, "paged_decode_set_two_pass", None)
+        self.two_pass = bool(fn(int(on))) if fn is not None else False
+        return self.two_pass
 
     def write_kv(
         self,
