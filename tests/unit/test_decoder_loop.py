@@ -94,8 +94,9 @@ def assert_same_logits(runner: ModelRunner, prompts, chunk: int, decodes: int) -
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_logits_are_the_hf_forwards_bits(tiny_llama_dir, dtype):
     runner = ModelRunner(
-        ModelRunnerConfig(model=str(tiny_llama_dir), dtype=dtype, block_size=4, num_gpu_blocks=64,
-                          num_threads=2)  # fmt: skip
+        ModelRunnerConfig(
+            model=str(tiny_llama_dir), dtype=dtype, block_size=4, num_gpu_blocks=64, num_threads=2
+        )  # fmt: skip
     )
     loop = runner.decoder_loop
     assert loop is not None and len(loop.layers) == 2
