@@ -86,8 +86,8 @@ class ModelRunnerConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks <= 0:
             raise ValueError(f"num_gpu_blocks must be positive, got {self.num_gpu_blocks}")
-        if self.num_host_blocks < 0 or self.swap_space < 0:
-            raise ValueError("num_host_blocks and swap_space must not be negative")
+        if self.num_host_blocks < 0 or self.swap_space < 0 or self.warmup_tokens < 0:
+            raise ValueError("num_host_blocks, swap_space and warmup_tokens must not be negative")
         if self.attention_backend not in ("auto", "native", "torch"):
             raise ValueError(f"unknown attention_backend {self.attention_backend!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

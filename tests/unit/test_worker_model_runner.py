@@ -120,6 +120,8 @@ def test_warm_up_runs_a_capped_throwaway_prefill_and_leaves_no_trace(runner):
     assert runner.warm_up(4096) == 32 * 4
     assert not runner.batch.states
     assert runner.warm_up(0) == 0
+    with pytest.raises(ValueError, match="warmup_tokens must not be negative"):
+        ModelRunnerConfig(warmup_tokens=-1)
     warm = step(runner, [new("a", prompt, [0, 1], params=params)], scheduled={"a": len(prompt)})
     assert warm.sampled_token_ids == cold.sampled_token_ids and warm.logprobs == cold.logprobs
     runner.reset()
