@@ -231,6 +231,93 @@ static int bf16_dot_enabled(void) {
     return bf16_dot_state;
 }
 
+/* The AVX512-BF16 bodies' shared steps. Arrays have fixed sizes (G <= 4, NV <= 8), not
+ * [G][H]: sized by a parameter they would be variable-length arrays, kept on the stack even
+ * where G and NV are constants. H = NV / 2 is the number of 32-value slices of a row. */
+
+/* q . k of up to 16 tokens (rows `stride` elements apart from kc) for G query heads, as 16
+ * partial-sum vectors each (hsum16 reduces them); tokens past n give zeros. */
+BF16_DOT_TARGET static inline __attribute__((always_inline)) void qk_dots_bf16(
+    const uint16_t *kc, int64_t stride, int64_t n, __m512i q[4][4], __m512 dots[4][16],
+    const int G, const int H) {
+    for (int64_t t = 0; t < 16; t++) {
+        if (t >= n) {
+            for (int g = 0; g < G; g++) dots[g][t] = _mm512_setzero_ps();
+            continue;
+        }
+        __m512i k[4];
+        for (int c = 0; c < H; c++) k[c] = _mm512_loadu_si512(kc + t * stride + 32 * c);
+        for (int g = 0; g < G; g++) {
+            __m512 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)q[g][0], (__m512bh)k[0]);
+            for (int c = 1; c < H; c++) d = _mm512_dpbf16_ps(d, (__m512bh)q[g][c], (__m512bh)k[c]);
+            dots[g][t] = d;
+        }
+    }
+}
+
+/* V rows t and t + 1 of n (a zero row past n) into G heads' accumulators, weighted by the
+ * bfloat16 probabilities at w + g * w_stride + t (p[t] low half, p[t + 1] high half): the rows
+ * interleaved pairwise (unpack), so the accumulators hold each 32-dim slice's dims permuted
+ * (finish_heads_bf16 puts them back). */
+BF16_DOT_TARGET static inline __attribute__((always_inline)) void v_pair_bf16(
+    const uint16_t *vc, int64_t stride, int64_t t, int64_t n, const uint16_t *w, int64_t w_stride,
+    __m512 av[4][8], const int G, const int H) {
+    __m512i lo[4], hi[4];
+    for (int c = 0; c < H; c++) {
+        const __m512i v0 = _mm512_loadu_si512(vc + t * stride + 32 * c);
+        const __m512i v1 = t + 1 < n ? _mm512_loadu_si512(vc + (t + 1) * stride + 32 * c)
+                                     : _mm512_setzero_si512();
+        lo[c] = _mm512_unpacklo_epi16(v0, v1);
+        hi[c] = _mm512_unpackhi_epi16(v0, v1);
+    }
+    for (int g = 0; g < G; g++) {
+        uint32_t pair;
+        memcpy(&pair, w + g * w_stride + t, sizeof pair);
+        const __m512bh wp = (__m512bh)_mm512_set1_epi32((int)pair);
+        for (int c = 0; c < H; c++) {
+            av[g][2 * c] = _mm512_dpbf16_ps(av[g][2 * c], (__m512bh)lo[c], wp);
+            av[g][2 * c + 1] = _mm512_dpbf16_ps(av[g][2 * c + 1], (__m512bh)hi[c], wp);
+        }
+    }
+}
+
+/* G heads' outputs from their accumulators: dims back in order, divided by the sums l, as
+ * float32 or (io_bf16) bfloat16 rounded as torch's .to(bfloat16) of the float32 result. */
+BF16_DOT_TARGET static inline __attribute__((always_inline)) void finish_heads_bf16(
+    const Args *a, __m512 av[4][8], const float *l, float *o, int64_t h0, const int G,
+    const int H) {
+    /* slice c's accumulators: lo lanes = dims {0-3, 8-11, 16-19, 24-27}, hi = the other four */
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    const int64_t hd = a->head_dim;
+    for (int g = 0; g < G; g++) {
+        const int64_t h = h0 + g;
+        const __m512 inv = _mm512_set1_ps(1.f / l[g]);
+        for (int c = 0; c < H; c++) {
+            const __m512 o0 = _mm512_mul_ps(_mm512_permutex2var_ps(av[g][2 * c], first, av[g][2 * c + 1]), inv);
+            const __m512 o1 = _mm512_mul_ps(_mm512_permutex2var_ps(av[g][2 * c], second, av[g][2 * c + 1]), inv);
+            if (a->io_bf16) {
+                uint16_t *ob = (uint16_t *)o + h * hd + 32 * c;
+                _mm256_storeu_si256((__m256i *)ob, round_to_bf16x16(o0));
+                _mm256_storeu_si256((__m256i *)(ob + 16), round_to_bf16x16(o1));
+            } else {
+                _mm512_storeu_ps(o + h * hd + 32 * c, o0);
+                _mm512_storeu_ps(o + h * hd + 32 * c + 16, o1);
+            }
+        }
+    }
+}
+
+/* The queries of a row as bfloat16 (as they come, or rounded from float32). */
+BF16_DOT_TARGET static inline void queries_bf16(const Args *a, const float *q, uint16_t *qb) {
+    const int64_t n = a->heads * a->head_dim;
+    if (a->io_bf16)
+        memcpy(qb, q, sizeof(uint16_t) * n);
+    else
+        for (int64_t i = 0; i < n; i += 16)
+            _mm256_storeu_si256((__m256i *)(qb + i), round_to_bf16x16(_mm512_loadu_ps(q + i)));
+}
+
 /* A bfloat16 cache's chunk of up to 16 tokens with AVX512-BF16 dot products (vdpbf16ps), all G
  * query heads of the kv head together. K and V are never widened to float32: q . k takes the
  * K row's bfloat16 pairs as they are (q is bfloat16 already in a bfloat16 model, so exact), and
@@ -246,25 +333,11 @@ BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_chunk_b
     const uint16_t *kc = (const uint16_t *)a->k_cache + off0, *vc = (const uint16_t *)a->v_cache + off0;
     const __m512 scale = _mm512_set1_ps(a->scale);
     const __mmask16 valid = n == 16 ? 0xFFFF : (__mmask16)((1u << n) - 1);
-    /* fixed sizes (G <= 4, NV <= 8), not [G][H]: sized by a parameter they would be
-     * variable-length arrays, kept on the stack even where G and NV are constants */
     __m512i q[4][4];
     for (int g = 0; g < G; g++)
         for (int c = 0; c < H; c++) q[g][c] = _mm512_loadu_si512(qb + g * hd + 32 * c);
     __m512 dots[4][16];
-    for (int64_t t = 0; t < 16; t++) {
-        if (t >= n) {
-            for (int g = 0; g < G; g++) dots[g][t] = _mm512_setzero_ps();
-            continue;
-        }
-        __m512i k[4];
-        for (int c = 0; c < H; c++) k[c] = _mm512_loadu_si512(kc + t * stride + 32 * c);
-        for (int g = 0; g < G; g++) {
-            __m512 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)q[g][0], (__m512bh)k[0]);
-            for (int c = 1; c < H; c++) d = _mm512_dpbf16_ps(d, (__m512bh)q[g][c], (__m512bh)k[c]);
-            dots[g][t] = d;
-        }
-    }
+    qk_dots_bf16(kc, stride, n, q, dots, G, H);
     uint16_t pw[4][16];
     float alpha[16], shift[16] = {0};
     __m512 sc[4];
@@ -285,25 +358,7 @@ BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_chunk_b
     for (int g = 0; g < G; g++)
         for (int c = 0; c < NV; c++)
             av[g][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * hd + 16 * c), _mm512_set1_ps(alpha[g]));
-    for (int64_t t = 0; t < n; t += 2) {
-        __m512i lo[4], hi[4];
-        for (int c = 0; c < H; c++) {
-            const __m512i v0 = _mm512_loadu_si512(vc + t * stride + 32 * c);
-            const __m512i v1 = t + 1 < n ? _mm512_loadu_si512(vc + (t + 1) * stride + 32 * c)
-                                         : _mm512_setzero_si512();
-            lo[c] = _mm512_unpacklo_epi16(v0, v1);
-            hi[c] = _mm512_unpackhi_epi16(v0, v1);
-        }
-        for (int g = 0; g < G; g++) {
-            uint32_t pair;
-            memcpy(&pair, &pw[g][t], sizeof pair); /* p[t] low half, p[t + 1] high half */
-            const __m512bh w = (__m512bh)_mm512_set1_epi32((int)pair);
-            for (int c = 0; c < H; c++) {
-                av[g][2 * c] = _mm512_dpbf16_ps(av[g][2 * c], (__m512bh)lo[c], w);
-                av[g][2 * c + 1] = _mm512_dpbf16_ps(av[g][2 * c + 1], (__m512bh)hi[c], w);
-            }
-        }
-    }
+    for (int64_t t = 0; t < n; t += 2) v_pair_bf16(vc, stride, t, n, &pw[0][0], 16, av, G, H);
     for (int g = 0; g < G; g++)
         for (int c = 0; c < NV; c++) _mm512_storeu_ps(acc + g * hd + 16 * c, av[g][c]);
 }
@@ -319,11 +374,7 @@ BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_row_bf1
     uint16_t *qb = (uint16_t *)(acc + heads * hd);
     for (int64_t h = 0; h < heads; h++) m[h] = -INFINITY, l[h] = 0.f;
     memset(acc, 0, sizeof(float) * heads * hd);
-    if (a->io_bf16)
-        memcpy(qb, q, sizeof(uint16_t) * heads * hd);
-    else
-        for (int64_t i = 0; i < heads * hd; i += 16)
-            _mm256_storeu_si256((__m256i *)(qb + i), round_to_bf16x16(_mm512_loadu_ps(q + i)));
+    queries_bf16(a, q, qb);
     prefetch_whole_block(a, blocks, 0, min64(bs, len));
     for (int64_t b = 0; b < nblocks; b++) {
         const int64_t block_start = b * bs, block_n = min64(bs, len - block_start);
@@ -335,25 +386,11 @@ BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_row_bf1
                                       qb + h0 * hd, m + h0, l + h0, acc + h0 * hd, G, NV);
         }
     }
-    /* slice c's accumulators: lo lanes = dims {0-3, 8-11, 16-19, 24-27}, hi = the other four */
-    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-    for (int64_t h = 0; h < heads; h++) {
-        const __m512 inv = _mm512_set1_ps(1.f / l[h]);
-        for (int c = 0; c < NV / 2; c++) {
-            const __m512 lo = _mm512_loadu_ps(acc + h * hd + 32 * c);
-            const __m512 hi = _mm512_loadu_ps(acc + h * hd + 32 * c + 16);
-            const __m512 o0 = _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), inv);
-            const __m512 o1 = _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), inv);
-            if (a->io_bf16) { /* rounded as torch's .to(bfloat16) of the float32 result */
-                uint16_t *ob = (uint16_t *)o + h * hd + 32 * c;
-                _mm256_storeu_si256((__m256i *)ob, round_to_bf16x16(o0));
-                _mm256_storeu_si256((__m256i *)(ob + 16), round_to_bf16x16(o1));
-            } else {
-                _mm512_storeu_ps(o + h * hd + 32 * c, o0);
-                _mm512_storeu_ps(o + h * hd + 32 * c + 16, o1);
-            }
-        }
+    for (int64_t kh = 0; kh < a->kv_heads; kh++) {
+        __m512 av[4][8];
+        for (int g = 0; g < G; g++)
+            for (int c = 0; c < NV; c++) av[g][c] = _mm512_loadu_ps(acc + (kh * G + g) * hd + 16 * c);
+        finish_heads_bf16(a, av, l + kh * G, o, kh * G, G, NV / 2);
     }
 }
 
@@ -387,11 +424,7 @@ BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_row_bf1
     uint16_t *qb = (uint16_t *)(state + 2 * heads + heads * hd);
     float *scores = state + heads * (2 + hd + hd / 2 + 16);
     uint16_t *pw = (uint16_t *)(scores + heads * lp);
-    if (a->io_bf16)
-        memcpy(qb, q, sizeof(uint16_t) * heads * hd);
-    else
-        for (int64_t i = 0; i < heads * hd; i += 16)
-            _mm256_storeu_si256((__m256i *)(qb + i), round_to_bf16x16(_mm512_loadu_ps(q + i)));
+    queries_bf16(a, q, qb);
     const __m512 scale = _mm512_set1_ps(a->scale);
     /* pass 1: scores */
     prefetch_whole_block(a, blocks, 0, min64(bs, len));
@@ -407,19 +440,7 @@ BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_row_bf1
                 const int64_t n = min64(16, block_n - c0);
                 const uint16_t *kc = (const uint16_t *)a->k_cache + base + c0 * stride;
                 __m512 dots[4][16];
-                for (int64_t t = 0; t < 16; t++) {
-                    if (t >= n) {
-                        for (int g = 0; g < G; g++) dots[g][t] = _mm512_setzero_ps();
-                        continue;
-                    }
-                    __m512i k[4];
-                    for (int c = 0; c < H; c++) k[c] = _mm512_loadu_si512(kc + t * stride + 32 * c);
-                    for (int g = 0; g < G; g++) {
-                        __m512 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)qv[g][0], (__m512bh)k[0]);
-                        for (int c = 1; c < H; c++) d = _mm512_dpbf16_ps(d, (__m512bh)qv[g][c], (__m512bh)k[c]);
-                        dots[g][t] = d;
-                    }
-                }
+                qk_dots_bf16(kc, stride, n, qv, dots, G, H);
                 const __mmask16 valid = n == 16 ? 0xFFFF : (__mmask16)((1u << n) - 1);
                 for (int g = 0; g < G; g++)
                     _mm512_mask_storeu_ps(scores + (kh * G + g) * lp + block_start + c0, valid,
@@ -445,8 +466,6 @@ BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_row_bf1
         l[h] = _mm512_reduce_add_ps(sum);
     }
     /* pass 2: V, one kv head at a time, its group's accumulators in registers */
-    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
     for (int64_t kh = 0; kh < kvh; kh++) {
         __m512 av[4][8];
         for (int g = 0; g < G; g++)
@@ -454,42 +473,10 @@ BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_row_bf1
         for (int64_t b = 0; b < nblocks; b++) {
             const int64_t block_start = b * bs, block_n = min64(bs, len - block_start);
             const uint16_t *vc = (const uint16_t *)a->v_cache + block_offset(a, blocks, b, kh);
-            for (int64_t t = 0; t < block_n; t += 2) {
-                __m512i lo[4], hi[4];
-                for (int c = 0; c < H; c++) {
-                    const __m512i v0 = _mm512_loadu_si512(vc + t * stride + 32 * c);
-                    const __m512i v1 = t + 1 < block_n ? _mm512_loadu_si512(vc + (t + 1) * stride + 32 * c)
-                                                       : _mm512_setzero_si512();
-                    lo[c] = _mm512_unpacklo_epi16(v0, v1);
-                    hi[c] = _mm512_unpackhi_epi16(v0, v1);
-                }
-                for (int g = 0; g < G; g++) {
-                    uint32_t pair; /* p[t] low half, p[t + 1] high half (times a zero row past the block) */
-                    memcpy(&pair, pw + (kh * G + g) * lp + block_start + t, sizeof pair);
-                    const __m512bh w = (__m512bh)_mm512_set1_epi32((int)pair);
-                    for (int c = 0; c < H; c++) {
-                        av[g][2 * c] = _mm512_dpbf16_ps(av[g][2 * c], (__m512bh)lo[c], w);
-                        av[g][2 * c + 1] = _mm512_dpbf16_ps(av[g][2 * c + 1], (__m512bh)hi[c], w);
-                    }
-                }
-            }
+            const uint16_t *w = pw + kh * G * lp + block_start;
+            for (int64_t t = 0; t < block_n; t += 2) v_pair_bf16(vc, stride, t, block_n, w, lp, av, G, H);
         }
-        for (int g = 0; g < G; g++) {
-            const int64_t h = kh * G + g;
-            const __m512 inv = _mm512_set1_ps(1.f / l[h]);
-            for (int c = 0; c < H; c++) { /* lo lanes: dims {0-3, 8-11, 16-19, 24-27}, hi the rest */
-                const __m512 o0 = _mm512_mul_ps(_mm512_permutex2var_ps(av[g][2 * c], first, av[g][2 * c + 1]), inv);
-                const __m512 o1 = _mm512_mul_ps(_mm512_permutex2var_ps(av[g][2 * c], second, av[g][2 * c + 1]), inv);
-                if (a->io_bf16) { /* rounded as torch's .to(bfloat16) of the float32 result */
-                    uint16_t *ob = (uint16_t *)o + h * hd + 32 * c;
-                    _mm256_storeu_si256((__m256i *)ob, round_to_bf16x16(o0));
-                    _mm256_storeu_si256((__m256i *)(ob + 16), round_to_bf16x16(o1));
-                } else {
-                    _mm512_storeu_ps(o + h * hd + 32 * c, o0);
-                    _mm512_storeu_ps(o + h * hd + 32 * c + 16, o1);
-                }
-            }
-        }
+        finish_heads_bf16(a, av, l + kh * G, o, kh * G, G, H);
     }
 }
 
