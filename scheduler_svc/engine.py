@@ -442,8 +442,6 @@ class ServingEngine:
             self.observer.on_step(session, out, reply, time.perf_counter() - started)
             self.slo.on_step(sched, out, time.perf_counter() - started)
             self._deliver_step(session, outputs, reply.logprobs)
-            if self.waiting:
-                self._dispatch()
 
     def _set_stream_interval(self, interval: int) -> None:
         """Adaptive --stream-interval: every stream from now on."""

@@ -39,8 +39,6 @@ class _Layer:
     input_norm: NativeRMSNorm
     post_norm: NativeRMSNorm
     mlp: nn.Module
-    num_heads: int
-    num_kv_heads: int
     head_dim: int
     qkv: FusedQKV | None
 
@@ -83,6 +81,8 @@ class DecoderLoop:
         self.inner = model.model
         self.ops = ops
         cfg = model.config.get_text_config()
+        self.num_heads = int(cfg.num_attention_heads)
+        self.num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.num_heads)
         # the modeling module's rotary function, as the attention forward looks it up (the
         # runner's NativeRotary where installed)
         self._rotary_module = sys.modules[type(self.inner.layers[0].self_attn).__module__]
@@ -97,17 +97,12 @@ class DecoderLoop:
                     input_norm=layer.input_layernorm,
                     post_norm=layer.post_attention_layernorm,
                     mlp=layer.mlp,
-                    num_heads=int(cfg.num_attention_heads),
-                    num_kv_heads=int(
-                        getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-                    ),
                     head_dim=int(a.head_dim),
                     qkv=qkv,
                 )
             )
         self.fused_qkv = sum(layer.qkv is not None for layer in self.layers)
 
-    @torch.inference_mode()
     def __call__(
         self,
         input_ids: torch.Tensor,  # [1, T]
@@ -115,7 +110,7 @@ class DecoderLoop:
         logits_index: torch.Tensor,  # [n] rows whose logits are wanted
         meta: attention.AttentionMetadata,
     ) -> torch.Tensor:
-        """Logits [n, vocab] of the rows in logits_index."""
+        """Logits [n, vocab] of the rows in logits_index (the caller holds inference mode)."""
         ops, kwargs = self.ops, {attention.METADATA_KWARG: meta}
         x = self.inner.embed_tokens(input_ids)[0]  # [T, hidden]: the residual stream, ours
         cos, sin = self.inner.rotary_emb(x, position_ids)
@@ -135,9 +130,9 @@ class DecoderLoop:
             else:
                 q, k, v = a.q_proj(h), a.k_proj(h), a.v_proj(h)
             hd = layer.head_dim
-            q = q.view(1, tokens, layer.num_heads, hd).transpose(1, 2)
-            k = k.view(1, tokens, layer.num_kv_heads, hd).transpose(1, 2)
-            v = v.view(1, tokens, layer.num_kv_heads, hd).transpose(1, 2)
+            q = q.view(1, tokens, self.num_heads, hd).transpose(1, 2)
+            k = k.view(1, tokens, self.num_kv_heads, hd).transpose(1, 2)
+            v = v.view(1, tokens, self.num_kv_heads, hd).transpose(1, 2)
             q, k = rotary(q, k, cos, sin)
             o, _ = attention.paged_attention_forward(a, q, k, v, None, scaling=a.scaling, **kwargs)
             o = a.o_proj(o.reshape(tokens, -1))

@@ -78,9 +78,10 @@ class ModelRunner:
             self.fused_modules = fuse_elementwise(self.model)
         if config.compile:
             compile_model(self.model)
+        ops = fused_ops.load() if self.device.type == "cpu" and config.fused_ops else None
         self.decoder_loop = None
         if self.fused_modules and config.decoder_loop:
-            self.decoder_loop = decoder_loop.build(self.model, fused_ops.load())
+            self.decoder_loop = decoder_loop.build(self.model, ops)
         self.load_time_s = time.perf_counter() - started
         mc = self.model.config.get_text_config()
         self._vocab_size = int(mc.vocab_size)
@@ -120,7 +121,6 @@ class ModelRunner:
             )
         )
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
-        ops = fused_ops.load() if self.device.type == "cpu" and config.fused_ops else None
         self.sampler = Sampler(generator, ops.argmax if ops is not None else None)
         log.info(
             "model %s loaded in %.1f s on %s/%s: %d KV blocks of %d, %d host blocks, "
@@ -167,7 +167,7 @@ class ModelRunner:
         return self._eos_token_id
 
     def warm_up(self, num_tokens: int) -> int:
-        """One throwaway prefill of up to num_tokens tokens, then a clean batch. Without it the
+        """One throwaway prefill of up to num_tokens tokens, finished at once. Without it the
         first long step of a fresh worker paid for mapping its activations' pages (W64 over gRPC,
         bfloat16: the first 2048-token step 490-580 ms, ~12k page faults; later ones ~340 ms).
         Returns the tokens run."""
@@ -176,8 +176,7 @@ class ModelRunner:
         if n <= 0:
             return 0
         with torch.inference_mode():
-            seconds = time_throwaway_prefill(self, n)
-        self.reset()
+            seconds = time_throwaway_prefill(self, n)  # the request is finished after it
         log.info("warmed up: a %d-token prefill in %.2f s", n, seconds)
         return n
 

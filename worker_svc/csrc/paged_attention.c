@@ -397,11 +397,16 @@ BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_row_bf1
 /* 1: two passes (below), 0: the one-pass online softmax, for comparison */
 static int two_pass_state = 1;
 
+/* The two-pass body's row length in its scratch: max_seq_len padded to whole pairs of
+ * 16-vectors. */
+static inline int64_t two_pass_len(const Args *a) {
+    return ((a->max_seq_len > 0 ? a->max_seq_len : 1) + 31) & ~(int64_t)31;
+}
+
 /* Scratch floats a row needs in the two-pass body beyond the one-pass state: a score and a
- * bfloat16 weight per head and token, the length padded to whole pairs of 16-vectors. */
+ * bfloat16 weight per head and token. */
 static inline int64_t two_pass_floats(const Args *a) {
-    const int64_t lp = ((a->max_seq_len > 0 ? a->max_seq_len : 1) + 31) & ~(int64_t)31;
-    return a->heads * lp + a->heads * lp / 2;
+    return a->heads * two_pass_len(a) * 3 / 2;
 }
 
 /* A row in two passes for a bfloat16 cache with AVX512-BF16. Pass 1 scores every token for
@@ -419,7 +424,7 @@ BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_row_bf1
     const int H = NV / 2;
     const int64_t bs = a->block_size, hd = a->head_dim, heads = a->heads, kvh = a->kv_heads;
     const int64_t stride = kvh * hd, nblocks = (len + bs - 1) / bs;
-    const int64_t lp = ((a->max_seq_len > 0 ? a->max_seq_len : 1) + 31) & ~(int64_t)31;
+    const int64_t lp = two_pass_len(a);
     float *l = state + heads;
     uint16_t *qb = (uint16_t *)(state + 2 * heads + heads * hd);
     float *scores = state + heads * (2 + hd + hd / 2 + 16);
