@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from worker_svc import attention
+from worker_svc import attention, decode_stack
 from worker_svc.fast_linear import AMX_MAX_ROWS, AmxLinear
 from worker_svc.fused_ops import FusedOps, NativeRMSNorm
 
@@ -102,6 +102,7 @@ class DecoderLoop:
                 )
             )
         self.fused_qkv = sum(layer.qkv is not None for layer in self.layers)
+        self.stack = decode_stack.build(self)  # pure-decode steps in one native call
 
     def __call__(
         self,
@@ -114,6 +115,10 @@ class DecoderLoop:
         ops, kwargs = self.ops, {attention.METADATA_KWARG: meta}
         x = self.inner.embed_tokens(input_ids)[0]  # [T, hidden]: the residual stream, ours
         cos, sin = self.inner.rotary_emb(x, position_ids)
+        if self.stack is not None and self.stack.applies(x, cos, meta):
+            h = self.stack(x, cos, sin, meta)
+            if h is not None:
+                return self.model.lm_head(h[logits_index])
         rotary = self._rotary_module.apply_rotary_pos_emb
         tokens = x.shape[0]
         delta = None  # the previous layer's MLP output, added at the next norm
@@ -162,5 +167,8 @@ def build(model: nn.Module, ops: FusedOps | None) -> DecoderLoop | None:
         if type(layer).__name__ != "LlamaDecoderLayer":
             return None
     loop = DecoderLoop(model, ops)
-    log.info("decoder loop: %d layers, q/k/v fused in %d", len(loop.layers), loop.fused_qkv)
+    log.info(
+        "decoder loop: %d layers, q/k/v fused in %d, native decode stack %s",
+        len(loop.layers), loop.fused_qkv, "on" if loop.stack is not None else "off",
+    )  # fmt: skip
     return loop

@@ -26,6 +26,7 @@ SOURCES = tuple(
         "packed_gemm.c",
         "fused_ops.c",
         "amx_gemm.c",
+        "decode_stack.c",
     )
 )
 HEADERS = (CSRC / "simd_math.h", CSRC / "amx_tiles.h", CSRC / "work_runs.h")
