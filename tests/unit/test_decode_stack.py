@@ -1,6 +1,7 @@
-"""The native decode stack (worker_svc/decode_stack.py) runs a bfloat16 pure-decode step's layers
-in one call and gives the Python layer loop's logits bit for bit (and so HF's forward's); steps
-with prefill chunks, and SPLITSERVE_DECODE_STACK=0, keep the loop."""
+"""The native decode stack (worker_svc/decode_stack.py) runs a pure-decode step's layers in one
+call and gives the Python layer loop's logits bit for bit (and so HF's forward's), in float32
+and bfloat16; steps with prefill chunks, steps under the profiler, and SPLITSERVE_DECODE_STACK=0
+keep the loop."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tests.unit.test_decoder_loop import run_steps  # noqa: E402
-from worker_svc import amx_gemm, decode_stack, native_attention  # noqa: E402
+from worker_svc import amx_gemm, decode_stack, fused_ops, native_attention, packed_gemm  # noqa: E402
 from worker_svc.config import ModelRunnerConfig  # noqa: E402
 from worker_svc.model_runner import ModelRunner  # noqa: E402
 
@@ -23,6 +24,13 @@ needs_stack = pytest.mark.skipif(
     amx_gemm.load() is None or not _bf16_decode_body(),
     reason="needs AMX and the AVX512-BF16 decode attention",
 )
+needs_f32_stack = pytest.mark.skipif(
+    packed_gemm.load() is None or fused_ops.load() is None, reason="needs the AVX-512 kernels"
+)
+DTYPES = [
+    pytest.param("float32", marks=needs_f32_stack),
+    pytest.param("bfloat16", marks=needs_stack),
+]
 
 
 @pytest.fixture(scope="module")
@@ -79,15 +87,15 @@ def stack_vs_loop(runner, prompts, chunk, decodes):
     return got, want, used
 
 
-@needs_stack
-def test_decode_steps_are_the_layer_loops_bits(llama_hd64_dir):
-    runner = runner_for(llama_hd64_dir)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_steps_are_the_layer_loops_bits(llama_hd64_dir, dtype):
+    runner = runner_for(llama_hd64_dir, dtype)
     counted(runner.decoder_loop.stack)
     # 37 rows: not a multiple of the GEMM's 32-row tiles; contexts over several 4-token blocks
     prompts = [[(i * 7 + j * 3) % 500 + 3 for j in range(2 + i % 11)] for i in range(37)]
     got, want, used = stack_vs_loop(runner, prompts, chunk=16, decodes=5)
     assert used == len(got) - 1 == 4  # every step but the prefill
-    assert len(got) == len(want) and all(g.dtype == torch.bfloat16 for g in got)
+    assert len(got) == len(want) and all(g.dtype == getattr(torch, dtype) for g in got)
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
     # and the same as Hugging Face's forward on the same modules
@@ -100,7 +108,7 @@ def test_decode_steps_are_the_layer_loops_bits(llama_hd64_dir):
 
 
 @needs_stack
-def test_the_residual_stream_is_the_loops(llama_hd64_dir):
+def test_reads_the_live_weights(llama_hd64_dir):
     """The stack reads the live weights: a change to one shows in its logits, undoing it
     restores them."""
     runner = runner_for(llama_hd64_dir)
@@ -121,7 +129,6 @@ def test_the_residual_stream_is_the_loops(llama_hd64_dir):
 @needs_stack
 def test_off_by_environment_and_where_it_does_not_apply(llama_hd64_dir, tiny_llama_dir,
                                                        monkeypatch):  # fmt: skip
-    assert runner_for(llama_hd64_dir, dtype="float32").decoder_loop.stack is None
     assert runner_for(tiny_llama_dir).decoder_loop.stack is None  # head_dim 16: no rotary kernel
     monkeypatch.setenv("SPLITSERVE_DECODE_STACK", "0")
     runner = runner_for(llama_hd64_dir)
@@ -135,14 +142,19 @@ def test_off_by_environment_and_where_it_does_not_apply(llama_hd64_dir, tiny_lla
     got = run_steps(on, prompts, chunk=4, decodes=4)
     assert stack.calls == 3 and len(got) == len(want) == 4
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    with torch.profiler.profile() as prof:  # the loop, so that each op shows in the profile
+        profiled = run_steps(on, prompts, chunk=4, decodes=4)
+    assert stack.calls == 3
+    assert any(e.key == "splitserve::amx_gemm" for e in prof.key_averages())
+    assert all(torch.equal(g, w) for g, w in zip(profiled, want, strict=True))
 
 
 @pytest.mark.slow
-@needs_stack
-def test_smollm2_decode_batch():
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_smollm2_decode_batch(dtype):
     """The real model, 45 decode rows at contexts of 20-300 tokens (16-token blocks)."""
     runner = ModelRunner(
-        ModelRunnerConfig(model=None, dtype="bfloat16", num_gpu_blocks=1024, num_threads=2)
+        ModelRunnerConfig(model=None, dtype=dtype, num_gpu_blocks=1024, num_threads=2)
     )
     counted(runner.decoder_loop.stack)
     prompts = [[(i * 131 + j * 17) % 40000 + 100 for j in range(20 + (i * 53) % 280)]

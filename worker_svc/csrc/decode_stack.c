@@ -1,49 +1,56 @@
-/* A bfloat16 Llama decoder's layers for a pure-decode step, in one call: the same kernels the
- * runner's Python layer loop (worker_svc/decoder_loop.py) calls, with the same arguments in the
- * same order, so the result is that loop's bits. What goes is the loop's per-layer Python
- * (module calls, views, torch allocations, ctypes calls: ~140 us a layer at batch 64), during
- * which the second OpenMP thread can only wait.
+/* A Llama decoder's layers for a pure-decode step, in one call: the same kernels the runner's
+ * Python layer loop (worker_svc/decoder_loop.py) calls, with the same arguments in the same
+ * order, so the result is that loop's bits. What goes is the loop's per-layer Python (module
+ * calls, views, torch allocations, ctypes calls: ~140 us a layer at batch 64), during which the
+ * second OpenMP thread can only wait.
  *
- * Per layer l, with x the residual stream [T, hidden] (updated in place):
- *   h = rms_norm(x) (layer 0), else x += delta; h = rms_norm(x)      input norm
- *   qkv = h @ Wqkv^T (+ b)                                             one AMX GEMM
- *   q = rotary(qkv[:, :Nq]), k = rotary(qkv[:, Nq:Nq+Nk]), v = qkv[:, Nq+Nk:]
- *   cache slots <- k, v; o = paged decode attention of q
- *   x += o @ Wo^T (+ b); h = rms_norm(x)                               post-attention norm
- *   delta = (silu(h @ Wg^T) * (h @ Wu^T)) @ Wd^T (+ b)                 the gated MLP
+ * Per layer, with x the residual stream [T, hidden] (updated in place):
+ *   h = rms_norm(x) (layer 0), else x += delta; h = rms_norm(x)       input norm
+ *   q, k, v = h @ Wq^T, h @ Wk^T, h @ Wv^T (+ b)   bfloat16: one AMX GEMM over the joint weight
+ *   q, k = rotary(q), rotary(k); cache slots <- k, v; o = paged decode attention of q
+ *   x += o @ Wo^T (+ b); h = rms_norm(x)                                post-attention norm
+ *   delta = (silu(h @ Wg^T) * (h @ Wu^T)) @ Wd^T (+ b)   bfloat16: gate, up and product fused
  * and after the last layer x += delta; out = rms_norm(x) with the final norm's weight.
  *
- * Each layer's pointers, DECODE_LAYER_PTRS int64 values at layers[l * DECODE_LAYER_PTRS]:
- * input norm weight, post norm weight, packed qkv, qkv bias (0: none), packed o, o bias,
- * packed gate/up pairs, packed down, down bias, key cache, value cache; eps[2 l] and eps[2 l + 1]
- * the two norms' epsilons. scratch holds decode_stack_scratch_elems() bfloat16 values.
- * Returns 0; -2 when the attention has no bfloat16 body here (checked in layer 0, before x
- * changes: the caller can run its own loop instead); -1 when a kernel refused or ran out of
- * memory part way (x is then undefined).
+ * Each layer's pointers: STACK_PTRS int64 values at layers[l * STACK_PTRS], in the order of the
+ * enum below (0 for a missing bias; bfloat16 keeps the joint q/k/v weight in P_Q and the gate/up
+ * pairs in P_GATE); eps[2 l], eps[2 l + 1] the two norms' epsilons; scratch holds
+ * decode_stack_scratch_bytes() bytes. Returns 0; -2 when the attention has no body for these
+ * inputs here (found in layer 0, before x changes: the caller can run its own loop instead); -1
+ * when a kernel refused or ran out of memory part way (x is then undefined).
  */
 #include <stdint.h>
 
-#define DECODE_LAYER_PTRS 11
+enum {
+    P_INPUT_NORM, P_POST_NORM, P_Q, P_Q_BIAS, P_K, P_K_BIAS, P_V, P_V_BIAS, P_O, P_O_BIAS,
+    P_GATE, P_GATE_BIAS, P_UP, P_UP_BIAS, P_DOWN, P_DOWN_BIAS, P_K_CACHE, P_V_CACHE, STACK_PTRS
+};
 
-int decode_stack_layer_ptrs(void) { return DECODE_LAYER_PTRS; }
+int decode_stack_layer_ptrs(void) { return STACK_PTRS; }
 
-static int64_t padded(int64_t elems) { return (elems + 31) / 32 * 32; } /* 64-byte multiples */
+/* a buffer of n elements, in 64-byte multiples */
+static int64_t span(int64_t n, int64_t elem) { return (n * elem + 63) / 64 * 64; }
 
-/* h, qkv, q, k, o, attn_out, act, delta */
-int64_t decode_stack_scratch_elems(int64_t tokens, int64_t hidden, int64_t heads,
+/* h, q, k, v, the rotated q and k, o, attention output, gate, up, delta */
+int64_t decode_stack_scratch_bytes(int64_t elem, int64_t tokens, int64_t hidden, int64_t heads,
                                    int64_t kv_heads, int64_t head_dim, int64_t intermediate) {
-    const int64_t qkv = (heads + 2 * kv_heads) * head_dim;
-    return padded(tokens * hidden) * 3 + padded(tokens * qkv) + padded(tokens * heads * head_dim) * 2 +
-           padded(tokens * kv_heads * head_dim) + padded(tokens * intermediate);
+    const int64_t T = tokens, nq = heads * head_dim, nk = kv_heads * head_dim;
+    return 3 * span(T * hidden, elem) + 3 * span(T * nq, elem) + 3 * span(T * nk, elem) +
+           2 * span(T * intermediate, elem) + span(T * (nq + 2 * nk), elem);
 }
 
-#if defined(__x86_64__) && defined(__AVX512F__) && defined(__GNUC__) && __GNUC__ >= 11
+#if defined(__x86_64__) && defined(__AVX512F__)
 
-int amx_gemm_bf16(const uint16_t *x, int64_t M, int64_t K, int64_t lda, const uint16_t *packed,
-                  int64_t N, const uint16_t *bias, uint16_t *y, int64_t ldy, int64_t num_threads);
-int amx_gemm_bf16_silu_mul(const uint16_t *x, int64_t M, int64_t K, int64_t lda,
-                           const uint16_t *packed, int64_t N, uint16_t *y, int64_t ldy,
-                           int64_t num_threads);
+int rms_norm_f32(const float *x, int64_t rows, int64_t dim, int64_t x_stride,
+                 const float *weight, float eps, float *out, int64_t out_stride,
+                 int64_t num_threads);
+int add_rms_norm_f32(float *x, const float *delta, int64_t rows, int64_t dim, int64_t x_stride,
+                     int64_t delta_stride, const float *weight, float eps, float *out,
+                     int64_t out_stride, int64_t num_threads);
+int rotary_f32(const float *x, float *out, int64_t tokens, int64_t heads, int64_t head_dim,
+               int64_t x_tok, int64_t x_head, int64_t out_tok, int64_t out_head,
+               const float *cos, const float *sin, int64_t cs_tok, int64_t num_threads);
+int silu_mul_f32(const float *gate, const float *up, float *out, int64_t n, int64_t num_threads);
 int rms_norm_bf16(const uint16_t *x, int64_t rows, int64_t dim, int64_t x_stride,
                   const uint16_t *weight, float eps, uint16_t *out, int64_t out_stride,
                   int64_t num_threads);
@@ -54,66 +61,160 @@ int rotary_bf16(const uint16_t *x, uint16_t *out, int64_t tokens, int64_t heads,
                 int64_t head_dim, int64_t x_tok, int64_t x_head, int64_t out_tok,
                 int64_t out_head, const uint16_t *cos, const uint16_t *sin, int64_t cs_tok,
                 int64_t num_threads);
+int packed_sgemm(const float *x, int64_t M, int64_t K, int64_t lda, const float *packed,
+                 int64_t N, const float *bias, float *y, int64_t ldy, int64_t num_threads);
+int amx_gemm_bf16(const uint16_t *x, int64_t M, int64_t K, int64_t lda, const uint16_t *packed,
+                  int64_t N, const uint16_t *bias, uint16_t *y, int64_t ldy, int64_t num_threads);
+int amx_gemm_bf16_silu_mul(const uint16_t *x, int64_t M, int64_t K, int64_t lda,
+                           const uint16_t *packed, int64_t N, uint16_t *y, int64_t ldy,
+                           int64_t num_threads);
 int write_kv(const void *k, const void *v, void *k_cache, void *v_cache, const int64_t *slots,
              int64_t tokens, int64_t kv_heads, int64_t head_dim, int64_t elem_size,
              int64_t k_head_stride, int64_t k_token_stride, int64_t v_head_stride,
              int64_t v_token_stride);
+int paged_decode_f32(const float *q, const void *k_cache, const void *v_cache,
+                     const int64_t *block_table, int64_t block_table_stride,
+                     const int64_t *seq_lens, float *out, int64_t rows, int64_t heads,
+                     int64_t kv_heads, int64_t head_dim, int64_t block_size, float scale,
+                     int64_t max_seq_len);
 int paged_decode_bf16_io(const float *q, const void *k_cache, const void *v_cache,
                          const int64_t *block_table, int64_t block_table_stride,
                          const int64_t *seq_lens, float *out, int64_t rows, int64_t heads,
                          int64_t kv_heads, int64_t head_dim, int64_t block_size, float scale,
                          int64_t max_seq_len);
 
-#define PTR(l, i) ((const uint16_t *)(intptr_t)layers[(l) * DECODE_LAYER_PTRS + (i)])
+#define PTR(i) ((const void *)(intptr_t)layer[(i)])
 
-int decode_stack_bf16(const int64_t *layers, const float *eps, int64_t num_layers, uint16_t *x,
-                      int64_t tokens, int64_t hidden, int64_t heads, int64_t kv_heads,
-                      int64_t head_dim, int64_t intermediate, const uint16_t *cos,
-                      const uint16_t *sin, int64_t cs_tok, const int64_t *slots,
-                      const int64_t *block_table, int64_t block_table_stride,
-                      const int64_t *seq_lens, int64_t max_seq_len, int64_t block_size,
-                      float scale, const uint16_t *final_norm, float final_eps, uint16_t *out,
-                      uint16_t *scratch, int64_t num_threads) {
-    const int64_t T = tokens, nq = heads * head_dim, nk = kv_heads * head_dim;
-    const int64_t nqkv = nq + 2 * nk;
-    uint16_t *h = scratch, *qkv = h + padded(T * hidden), *q = qkv + padded(T * nqkv);
-    uint16_t *k = q + padded(T * nq), *o = k + padded(T * nk), *attn = o + padded(T * nq);
-    uint16_t *act = attn + padded(T * hidden), *delta = act + padded(T * intermediate);
-    for (int64_t l = 0; l < num_layers; l++) {
-        int rc = l == 0 ? rms_norm_bf16(x, T, hidden, hidden, PTR(l, 0), eps[2 * l], h, hidden,
-                                        num_threads)
-                        : add_rms_norm_bf16(x, delta, T, hidden, hidden, hidden, PTR(l, 0),
-                                            eps[2 * l], h, hidden, num_threads);
-        rc |= amx_gemm_bf16(h, T, hidden, hidden, PTR(l, 2), nqkv, PTR(l, 3), qkv, nqkv,
-                            num_threads);
-        rc |= rotary_bf16(qkv, q, T, heads, head_dim, nqkv, head_dim, nq, head_dim, cos, sin,
-                          cs_tok, num_threads);
-        rc |= rotary_bf16(qkv + nq, k, T, kv_heads, head_dim, nqkv, head_dim, nk, head_dim, cos,
-                          sin, cs_tok, num_threads);
-        if (rc) return -1;
-        void *k_cache = (void *)PTR(l, 9), *v_cache = (void *)PTR(l, 10);
-        write_kv(k, qkv + nq + nk, k_cache, v_cache, slots, T, kv_heads, head_dim, 2, head_dim,
-                 nk, head_dim, nqkv);
-        rc = paged_decode_bf16_io((const float *)q, k_cache, v_cache, block_table,
-                                  block_table_stride, seq_lens, (float *)o, T, heads, kv_heads,
-                                  head_dim, block_size, scale, max_seq_len);
-        if (rc) return rc == -2 && l == 0 ? -2 : -1;
-        rc = amx_gemm_bf16(o, T, nq, nq, PTR(l, 4), hidden, PTR(l, 5), attn, hidden, num_threads);
-        rc |= add_rms_norm_bf16(x, attn, T, hidden, hidden, hidden, PTR(l, 1), eps[2 * l + 1], h,
-                                hidden, num_threads);
-        rc |= amx_gemm_bf16_silu_mul(h, T, hidden, hidden, PTR(l, 6), intermediate, act,
-                                     intermediate, num_threads);
-        rc |= amx_gemm_bf16(act, T, intermediate, intermediate, PTR(l, 7), hidden, PTR(l, 8),
-                            delta, hidden, num_threads);
-        if (rc) return -1;
-    }
-    return add_rms_norm_bf16(x, delta, T, hidden, hidden, hidden, final_norm, final_eps, out,
-                             hidden, num_threads)
-               ? -1
-               : 0;
+/* The step's shapes and the attention's inputs, the same for every layer. */
+typedef struct {
+    int64_t T, hidden, heads, kv_heads, head_dim, intermediate, threads;
+    const void *cos, *sin;
+    int64_t cs_tok;
+    const int64_t *slots, *block_table, *seq_lens;
+    int64_t block_table_stride, max_seq_len, block_size;
+    float scale;
+} Step;
+
+/* the buffers decode_stack_scratch_bytes() sizes, carved from scratch */
+typedef struct {
+    char *h, *q_raw, *k_raw, *v, *q, *k, *o, *attn, *gate, *up, *delta;
+} Buffers;
+
+static Buffers carve(char *scratch, const Step *s, int64_t elem) {
+    const int64_t nq = s->heads * s->head_dim, nk = s->kv_heads * s->head_dim, T = s->T;
+    Buffers b;
+    char *p = scratch;
+    b.h = p, p += span(T * s->hidden, elem);
+    b.q_raw = p, p += span(T * (nq + 2 * nk), elem); /* bfloat16: the joint q/k/v output */
+    b.k_raw = p, p += span(T * nk, elem);
+    b.v = p, p += span(T * nk, elem);
+    b.q = p, p += span(T * nq, elem);
+    b.k = p, p += span(T * nk, elem);
+    b.o = p, p += span(T * nq, elem);
+    b.attn = p, p += span(T * s->hidden, elem);
+    b.gate = p, p += span(T * s->intermediate, elem);
+    b.up = p, p += span(T * s->intermediate, elem);
+    b.delta = p;
+    return b;
 }
 
-int decode_stack_available(void) { return 1; }
+/* float32: the layer loop's separate packed GEMMs, the product of gate and up in place */
+static int layer_f32(const int64_t *layer, const float *eps, int first, float *x, const Step *s,
+                     const Buffers *b) {
+    const int64_t T = s->T, H = s->hidden, I = s->intermediate, nth = s->threads;
+    const int64_t nq = s->heads * s->head_dim, nk = s->kv_heads * s->head_dim;
+    float *h = (float *)b->h, *q = (float *)b->q, *k = (float *)b->k, *o = (float *)b->o;
+    float *gate = (float *)b->gate, *up = (float *)b->up, *delta = (float *)b->delta;
+    int rc = first ? rms_norm_f32(x, T, H, H, PTR(P_INPUT_NORM), eps[0], h, H, nth)
+                   : add_rms_norm_f32(x, delta, T, H, H, H, PTR(P_INPUT_NORM), eps[0], h, H, nth);
+    rc |= packed_sgemm(h, T, H, H, PTR(P_Q), nq, PTR(P_Q_BIAS), (float *)b->q_raw, nq, nth);
+    rc |= packed_sgemm(h, T, H, H, PTR(P_K), nk, PTR(P_K_BIAS), (float *)b->k_raw, nk, nth);
+    rc |= packed_sgemm(h, T, H, H, PTR(P_V), nk, PTR(P_V_BIAS), (float *)b->v, nk, nth);
+    rc |= rotary_f32((const float *)b->q_raw, q, T, s->heads, s->head_dim, nq, s->head_dim, nq,
+                     s->head_dim, s->cos, s->sin, s->cs_tok, nth);
+    rc |= rotary_f32((const float *)b->k_raw, k, T, s->kv_heads, s->head_dim, nk, s->head_dim,
+                     nk, s->head_dim, s->cos, s->sin, s->cs_tok, nth);
+    if (rc) return -1;
+    void *k_cache = (void *)PTR(P_K_CACHE), *v_cache = (void *)PTR(P_V_CACHE);
+    write_kv(k, b->v, k_cache, v_cache, s->slots, T, s->kv_heads, s->head_dim, 4, s->head_dim,
+             nk, s->head_dim, nk);
+    rc = paged_decode_f32(q, k_cache, v_cache, s->block_table, s->block_table_stride,
+                          s->seq_lens, o, T, s->heads, s->kv_heads, s->head_dim, s->block_size,
+                          s->scale, s->max_seq_len);
+    if (rc) return rc == -2 && first ? -2 : -1;
+    rc = packed_sgemm(o, T, nq, nq, PTR(P_O), H, PTR(P_O_BIAS), (float *)b->attn, H, nth);
+    rc |= add_rms_norm_f32(x, (const float *)b->attn, T, H, H, H, PTR(P_POST_NORM), eps[1], h, H,
+                           nth);
+    rc |= packed_sgemm(h, T, H, H, PTR(P_GATE), I, PTR(P_GATE_BIAS), gate, I, nth);
+    rc |= packed_sgemm(h, T, H, H, PTR(P_UP), I, PTR(P_UP_BIAS), up, I, nth);
+    rc |= silu_mul_f32(gate, up, gate, T * I, nth);
+    rc |= packed_sgemm(gate, T, I, I, PTR(P_DOWN), H, PTR(P_DOWN_BIAS), delta, H, nth);
+    return rc ? -1 : 0;
+}
+
+/* bfloat16 on AMX: q/k/v as one GEMM, gate/up and their product as one */
+static int layer_bf16(const int64_t *layer, const float *eps, int first, uint16_t *x,
+                      const Step *s, const Buffers *b) {
+    const int64_t T = s->T, H = s->hidden, I = s->intermediate, nth = s->threads;
+    const int64_t nq = s->heads * s->head_dim, nk = s->kv_heads * s->head_dim;
+    const int64_t nqkv = nq + 2 * nk;
+    uint16_t *h = (uint16_t *)b->h, *qkv = (uint16_t *)b->q_raw, *q = (uint16_t *)b->q;
+    uint16_t *k = (uint16_t *)b->k, *o = (uint16_t *)b->o, *attn = (uint16_t *)b->attn;
+    uint16_t *act = (uint16_t *)b->gate, *delta = (uint16_t *)b->delta;
+    int rc = first ? rms_norm_bf16(x, T, H, H, PTR(P_INPUT_NORM), eps[0], h, H, nth)
+                   : add_rms_norm_bf16(x, delta, T, H, H, H, PTR(P_INPUT_NORM), eps[0], h, H, nth);
+    rc |= amx_gemm_bf16(h, T, H, H, PTR(P_Q), nqkv, PTR(P_Q_BIAS), qkv, nqkv, nth);
+    rc |= rotary_bf16(qkv, q, T, s->heads, s->head_dim, nqkv, s->head_dim, nq, s->head_dim,
+                      s->cos, s->sin, s->cs_tok, nth);
+    rc |= rotary_bf16(qkv + nq, k, T, s->kv_heads, s->head_dim, nqkv, s->head_dim, nk,
+                      s->head_dim, s->cos, s->sin, s->cs_tok, nth);
+    if (rc) return -1;
+    void *k_cache = (void *)PTR(P_K_CACHE), *v_cache = (void *)PTR(P_V_CACHE);
+    write_kv(k, qkv + nq + nk, k_cache, v_cache, s->slots, T, s->kv_heads, s->head_dim, 2,
+             s->head_dim, nk, s->head_dim, nqkv);
+    rc = paged_decode_bf16_io((const float *)q, k_cache, v_cache, s->block_table,
+                              s->block_table_stride, s->seq_lens, (float *)o, T, s->heads,
+                              s->kv_heads, s->head_dim, s->block_size, s->scale, s->max_seq_len);
+    if (rc) return rc == -2 && first ? -2 : -1;
+    rc = amx_gemm_bf16(o, T, nq, nq, PTR(P_O), H, PTR(P_O_BIAS), attn, H, nth);
+    rc |= add_rms_norm_bf16(x, attn, T, H, H, H, PTR(P_POST_NORM), eps[1], h, H, nth);
+    rc |= amx_gemm_bf16_silu_mul(h, T, H, H, PTR(P_GATE), I, act, I, nth);
+    rc |= amx_gemm_bf16(act, T, I, I, PTR(P_DOWN), H, PTR(P_DOWN_BIAS), delta, H, nth);
+    return rc ? -1 : 0;
+}
+
+/* bf16: 0 float32, 1 bfloat16 (x, cos, sin, the weights, caches and out of that type) */
+int decode_stack(int bf16, const int64_t *layers, const float *eps, int64_t num_layers, void *x,
+                 int64_t tokens, int64_t hidden, int64_t heads, int64_t kv_heads,
+                 int64_t head_dim, int64_t intermediate, const void *cos, const void *sin,
+                 int64_t cs_tok, const int64_t *slots, const int64_t *block_table,
+                 int64_t block_table_stride, const int64_t *seq_lens, int64_t max_seq_len,
+                 int64_t block_size, float scale, const void *final_norm, float final_eps,
+                 void *out, void *scratch, int64_t num_threads) {
+    if (num_layers < 1) return -1;
+    const Step s = {tokens, hidden, heads, kv_heads, head_dim, intermediate, num_threads,
+                    cos, sin, cs_tok, slots, block_table, seq_lens, block_table_stride,
+                    max_seq_len, block_size, scale};
+    const Buffers b = carve(scratch, &s, bf16 ? 2 : 4);
+    for (int64_t l = 0; l < num_layers; l++) {
+        const int rc = bf16 ? layer_bf16(layers + l * STACK_PTRS, eps + 2 * l, l == 0, x, &s, &b)
+                            : layer_f32(layers + l * STACK_PTRS, eps + 2 * l, l == 0, x, &s, &b);
+        if (rc) return rc;
+    }
+    const int64_t H = hidden, T = tokens;
+    const int rc =
+        bf16 ? add_rms_norm_bf16(x, (const uint16_t *)b.delta, T, H, H, H, final_norm,
+                                 final_eps, out, H, num_threads)
+             : add_rms_norm_f32(x, (const float *)b.delta, T, H, H, H, final_norm, final_eps,
+                                out, H, num_threads);
+    return rc ? -1 : 0;
+}
+
+/* which dtypes the stack runs here: bit 0 float32, bit 1 bfloat16 (AMX) */
+int decode_stack_available(void) {
+    int amx_gemm_available(void);
+    return 1 | (amx_gemm_available() ? 2 : 0);
+}
 #else
 int decode_stack_available(void) { return 0; }
 #endif
