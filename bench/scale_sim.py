@@ -7,6 +7,8 @@ adds to each step: the worker's idle gap between sending a result and receiving 
     # exposed overhead with the real model at batch 64, async vs synchronous scheduling:
     .venv/bin/python bench/scale_sim.py --real --workers 1 --running 64 --max-tokens 400
     .venv/bin/python bench/scale_sim.py --real --workers 1 --running 64 --max-tokens 400 --no-async
+    .venv/bin/python bench/scale_sim.py --real --workers 1 --running 64 --max-tokens 400 \
+        --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -108,6 +110,8 @@ async def run_point(n_workers: int, args, progress) -> dict:
                 str(args.running * 16),
                 "--num-threads",
                 str(max(1, (os.cpu_count() or 1) // n_workers)),
+                "--dtype",
+                args.dtype,
             ]
         else:
             worker_args = [
@@ -178,6 +182,7 @@ async def run_point(n_workers: int, args, progress) -> dict:
             "detokenize": not args.skip_detokenize,
             "async_scheduling": not args.no_async,
             "real_model": args.real,
+            "dtype": args.dtype if args.real else None,
             "tuned_gc": not args.default_gc,
             "event_loop": event_loop.loop_name(),
             "stream_interval": args.stream_interval,
@@ -229,6 +234,10 @@ def main() -> None:
         "--real", action="store_true", help="real SmolLM2 workers instead of simulated ones"
     )
     parser.add_argument("--max-tokens", type=int, default=6000)
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), default="float32",
+        help="the real workers' dtype (with --real)",
+    )  # fmt: skip
     parser.add_argument(
         "--event-loop", choices=event_loop.EVENT_LOOPS, default="auto",
         help="the scheduler's loop (the service's --event-loop)",
