@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -158,9 +157,7 @@ def _layer_ptrs(layer, dtype: torch.dtype) -> dict[str, int] | None:
 
 def build(loop: DecoderLoop) -> DecodeStack | None:
     """The stack for `loop` where every layer runs on the kernels it calls, else None."""
-    if os.environ.get("SPLITSERVE_DECODE_STACK", "1") == "0":
-        return None
-    lib = native_attention.library_with("decode_stack_available", "SPLITSERVE_FUSED_OPS")
+    lib = native_attention.library_with("decode_stack_available", "SPLITSERVE_DECODE_STACK")
     dtype = loop.inner.norm.weight.dtype
     if lib is None or not loop.layers or dtype not in _AVAILABLE_BIT:
         return None
