@@ -166,6 +166,14 @@ class ModelRunner:
     def eos_token_id(self) -> int | None:
         return self._eos_token_id
 
+    @property
+    def forward_path(self) -> str:
+        """What runs a step's layers: "hf" (the model's forward), "decoder-loop", or
+        "decoder-loop+decode-stack" (pure-decode steps in one native call)."""
+        if self.decoder_loop is None:
+            return "hf"
+        return "decoder-loop" if self.decoder_loop.stack is None else "decoder-loop+decode-stack"
+
     def warm_up(self, num_tokens: int) -> int:
         """One throwaway prefill of up to num_tokens tokens, finished at once. Without it the
         first long step of a fresh worker paid for mapping its activations' pages (W64 over gRPC,

@@ -129,11 +129,13 @@ def test_reads_the_live_weights(llama_hd64_dir):
 @needs_stack
 def test_off_by_environment_and_where_it_does_not_apply(llama_hd64_dir, tiny_llama_dir,
                                                        monkeypatch):  # fmt: skip
-    assert runner_for(tiny_llama_dir).decoder_loop.stack is None  # head_dim 16: no rotary kernel
+    assert runner_for(tiny_llama_dir).forward_path == "decoder-loop"  # head_dim 16: no rotary
+    assert runner_for(llama_hd64_dir).forward_path == "decoder-loop+decode-stack"
     monkeypatch.setenv("SPLITSERVE_DECODE_STACK", "0")
     runner = runner_for(llama_hd64_dir)
     loop = runner.decoder_loop
     assert loop.stack is None and decode_stack.build(loop) is None
+    assert runner.forward_path == "decoder-loop"
     prompts = [[5, 6, 7], [8, 9]]
     want = run_steps(runner, prompts, chunk=4, decodes=4)
     monkeypatch.delenv("SPLITSERVE_DECODE_STACK")

@@ -114,7 +114,8 @@ def test_not_built_where_it_does_not_apply(tiny_llama_dir):
             ModelRunnerConfig(model=str(tiny_llama_dir), block_size=4, num_gpu_blocks=16, **kw)
         )
 
-    assert runner(decoder_loop=False).decoder_loop is None
+    off = runner(decoder_loop=False)
+    assert off.decoder_loop is None and off.forward_path == "hf"
     assert runner(fused_ops=False).decoder_loop is None  # HF's own RMSNorm modules
     r = runner()
     assert decoder_loop.build(r.model, None) is None
