@@ -12,7 +12,8 @@ apart, where the fusion keeps the bits:
 
 Built only where it is known to be HF's computation: the model classes in SUPPORTED, the
 runner's paged attention, native RMSNorms (fused ops on, CPU). Otherwise, or with `--compile`,
-the runner keeps the HF forward.
+the runner keeps the HF forward. A step where every row decodes goes on to the native decode
+stack (decode_stack.py: these layers in one C call) where that applies.
 """
 
 from __future__ import annotations

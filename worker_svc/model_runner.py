@@ -172,7 +172,9 @@ class ModelRunner:
         "decoder-loop+decode-stack" (pure-decode steps in one native call)."""
         if self.decoder_loop is None:
             return "hf"
-        return "decoder-loop" if self.decoder_loop.stack is None else "decoder-loop+decode-stack"
+        stack = self.decoder_loop.stack
+        on = stack is not None and stack.enabled
+        return "decoder-loop+decode-stack" if on else "decoder-loop"
 
     def warm_up(self, num_tokens: int) -> int:
         """One throwaway prefill of up to num_tokens tokens, finished at once. Without it the

@@ -50,6 +50,7 @@ def llama_hd64_dir(tmp_path_factory):
 
 
 def counted(stack):
+    """`stack`, its calls counted in stack.calls from here on."""
     stack.calls = 0
     original = type(stack).__call__
 
