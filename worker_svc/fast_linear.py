@@ -20,8 +20,10 @@ for which that packing is slower, to the plain weight.
 Where the CPU has AMX-BF16 (worker_svc/amx_gemm.py), `AmxLinear` replaces that copy with one
 packed for our own AMX kernel, which streams the weight once per call: a batch-64 decode step's
 linears (SmolLM2, 30 layers) 17-21 ms against oneDNN's 21-28 ms, and ahead up to 512 rows
-(67 vs 75-82 ms); at 2048 rows oneDNN's plain-weight path is a little faster (2.0 vs 1.9
-TFLOP/s), so larger inputs stay there.
+(67 vs 75-82 ms). Past 512 rows oneDNN's plain-weight path is faster inside a prefill step
+(four W64 prefill steps, alternating: 1091-1125 ms against 1129-1190 with every projection on
+AMX), though alone our kernel runs a 2048-row GEMM faster (2.7 TFLOP/s): larger inputs stay
+there; the gated MLP keeps its fused kernel at every size (fused_ops.NativeGatedMLP).
 
 `optimize_linears(model)` picks per dtype and replaces each nn.Linear; the model's forward code
 is untouched. Weights are copied once at load; a tied lm_head gets its own copy.
@@ -97,7 +99,7 @@ class PackedLinear(nn.Module):
         return nn.functional.linear(x, self.weight, self.bias)
 
 
-AMX_MAX_ROWS = 512  # above this oneDNN on the plain weight (2048 rows: 2.0 vs 1.9 TFLOP/s)
+AMX_MAX_ROWS = 512  # above this oneDNN on the plain weight (faster within a prefill step)
 
 
 class AmxLinear(nn.Module):

@@ -270,6 +270,28 @@ def test_gated_mlp_on_amx_computes_both_projections_and_the_product_in_one_pass(
 
 
 @needs_ops
+@pytest.mark.parametrize("rows", [1, 37, 64, 130, 2048])
+def test_amx_gate_up_product_is_the_plain_gemm_then_the_silu_product(rows):
+    """The fused kernel writes a block's rows while the tile unit multiplies the next block:
+    its output is the plain AMX GEMM's gate and up (over the same pair-packed weight) put
+    through silu_mul_, bit for bit, over row tails, many blocks and both threads."""
+    from worker_svc import amx_gemm
+
+    amx = amx_gemm.load()
+    if amx is None:
+        pytest.skip("no AMX-BF16 on this machine")
+    gen = torch.Generator().manual_seed(rows)
+    hidden, inter = 576, 1536
+    gate, up = ((torch.randn(inter, hidden, generator=gen) * 0.05).to(torch.bfloat16)
+                for _ in range(2))  # fmt: skip
+    packed = amx.pack_gate_up(gate, up)
+    x = torch.randn(rows, hidden, generator=gen).to(torch.bfloat16)
+    pairs = amx(x, packed, 2 * inter, None).view(rows, inter // 16, 2, 16)
+    want = OPS.silu_mul_(pairs[:, :, 0].reshape(rows, inter), pairs[:, :, 1].reshape(rows, inter))
+    assert torch.equal(amx.gate_up_silu(x, packed, inter), want)
+
+
+@needs_ops
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("rows", "cols"), [(1, 7), (3, 49152), (64, 49152), (5, 100)])
 def test_argmax_is_torchs_first_maximum(dtype, rows, cols):
