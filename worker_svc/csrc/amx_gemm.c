@@ -147,9 +147,9 @@ AMX_TARGET static int gemm(const uint16_t *x, int64_t M, int64_t K, int64_t lda,
 #pragma omp parallel num_threads(num_threads)
     {
         const int64_t t = omp_get_thread_num();
-        float sums[2][32 * 32] __attribute__((aligned(64)));
+        /* one buffer: block_2x2 writes out the block before it fully before storing its own */
+        float sums[32 * 32] __attribute__((aligned(64)));
         Pending pending = {0}, *prev = NULL;
-        int buf = 0;
         amx_configure_tiles();
         int64_t owner, item;
         while ((item = work_runs_take(runs, num_threads, t, &owner)) >= 0) {
@@ -159,8 +159,8 @@ AMX_TARGET static int gemm(const uint16_t *x, int64_t M, int64_t K, int64_t lda,
             const uint16_t *p0 = packed + 2 * q * kblocks * 512, *p1 = p0 + kblocks * 512;
             const int64_t rb_end = rb + tiles_per_block < row_tiles ? rb + tiles_per_block : row_tiles;
             for (int64_t r0 = rb; r0 < rb_end; r0 += 2) {
-                block_2x2(xs + r0 * 16 * ld, ld, p0, p1, kblocks, sums[buf], prev);
-                pending.sums = sums[buf];
+                block_2x2(xs + r0 * 16 * ld, ld, p0, p1, kblocks, sums, prev);
+                pending.sums = sums;
                 pending.rows = M - r0 * 16 < 32 ? M - r0 * 16 : 32;
                 pending.done = 0;
                 pending.ldy = ldy;
@@ -168,7 +168,6 @@ AMX_TARGET static int gemm(const uint16_t *x, int64_t M, int64_t K, int64_t lda,
                 pending.y = y + r0 * 16 * ldy + q * (silu ? 16 : 32);
                 pending.bias = bias ? bias + q * 32 : NULL;
                 prev = &pending;
-                buf ^= 1;
             }
         }
         if (prev) write_rows(prev, 32);
