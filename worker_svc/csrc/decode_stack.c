@@ -19,6 +19,7 @@
  * inputs here (found in layer 0, before x changes: the caller can run its own loop instead); -1
  * when a kernel refused or ran out of memory part way (x is then undefined).
  */
+#include <stddef.h>
 #include <stdint.h>
 
 enum {
@@ -31,12 +32,32 @@ int decode_stack_layer_ptrs(void) { return STACK_PTRS; }
 /* a buffer of n elements, in 64-byte multiples */
 static int64_t span(int64_t n, int64_t elem) { return (n * elem + 63) / 64 * 64; }
 
-/* h, q, k, v, the rotated q and k, o, attention output, gate, up, delta */
+/* The scratch buffers: h, q/k/v as the projections give them (bfloat16: one joint q/k/v
+ * output in q_raw), the rotated q and k, o, the attention output, gate, up, delta. */
+typedef struct {
+    char *h, *q_raw, *k_raw, *v, *q, *k, *o, *attn, *gate, *up, *delta;
+} Buffers;
+
+/* Lays the buffers out from `base` (NULL: only sizes them); returns the bytes they take. */
+static int64_t carve(char *base, int64_t T, int64_t hidden, int64_t nq, int64_t nk,
+                     int64_t intermediate, int64_t elem, Buffers *b) {
+    const int64_t sizes[] = {T * hidden, T * (nq + 2 * nk), T * nk, T * nk, T * nq, T * nk,
+                             T * nq, T * hidden, T * intermediate, T * intermediate, T * hidden};
+    char **slots[] = {&b->h, &b->q_raw, &b->k_raw, &b->v, &b->q, &b->k,
+                      &b->o, &b->attn, &b->gate, &b->up, &b->delta};
+    int64_t at = 0;
+    for (int i = 0; i < (int)(sizeof(sizes) / sizeof(sizes[0])); i++) {
+        *slots[i] = base ? base + at : NULL;
+        at += span(sizes[i], elem);
+    }
+    return at;
+}
+
 int64_t decode_stack_scratch_bytes(int64_t elem, int64_t tokens, int64_t hidden, int64_t heads,
                                    int64_t kv_heads, int64_t head_dim, int64_t intermediate) {
-    const int64_t T = tokens, nq = heads * head_dim, nk = kv_heads * head_dim;
-    return 3 * span(T * hidden, elem) + 3 * span(T * nq, elem) + 3 * span(T * nk, elem) +
-           2 * span(T * intermediate, elem) + span(T * (nq + 2 * nk), elem);
+    Buffers b;
+    return carve(NULL, tokens, hidden, heads * head_dim, kv_heads * head_dim, intermediate, elem,
+                 &b);
 }
 
 #if defined(__x86_64__) && defined(__AVX512F__)
@@ -94,29 +115,6 @@ typedef struct {
     int64_t block_table_stride, max_seq_len, block_size;
     float scale;
 } Step;
-
-/* the buffers decode_stack_scratch_bytes() sizes, carved from scratch */
-typedef struct {
-    char *h, *q_raw, *k_raw, *v, *q, *k, *o, *attn, *gate, *up, *delta;
-} Buffers;
-
-static Buffers carve(char *scratch, const Step *s, int64_t elem) {
-    const int64_t nq = s->heads * s->head_dim, nk = s->kv_heads * s->head_dim, T = s->T;
-    Buffers b;
-    char *p = scratch;
-    b.h = p, p += span(T * s->hidden, elem);
-    b.q_raw = p, p += span(T * (nq + 2 * nk), elem); /* bfloat16: the joint q/k/v output */
-    b.k_raw = p, p += span(T * nk, elem);
-    b.v = p, p += span(T * nk, elem);
-    b.q = p, p += span(T * nq, elem);
-    b.k = p, p += span(T * nk, elem);
-    b.o = p, p += span(T * nq, elem);
-    b.attn = p, p += span(T * s->hidden, elem);
-    b.gate = p, p += span(T * s->intermediate, elem);
-    b.up = p, p += span(T * s->intermediate, elem);
-    b.delta = p;
-    return b;
-}
 
 /* float32: the layer loop's separate packed GEMMs, the product of gate and up in place */
 static int layer_f32(const int64_t *layer, const float *eps, int first, float *x, const Step *s,
@@ -195,7 +193,9 @@ int decode_stack(int bf16, const int64_t *layers, const float *eps, int64_t num_
     const Step s = {tokens, hidden, heads, kv_heads, head_dim, intermediate, num_threads,
                     cos, sin, cs_tok, slots, block_table, seq_lens, block_table_stride,
                     max_seq_len, block_size, scale};
-    const Buffers b = carve(scratch, &s, bf16 ? 2 : 4);
+    Buffers b;
+    carve(scratch, tokens, hidden, heads * head_dim, kv_heads * head_dim, intermediate,
+          bf16 ? 2 : 4, &b);
     for (int64_t l = 0; l < num_layers; l++) {
         const int rc = bf16 ? layer_bf16(layers + l * STACK_PTRS, eps + 2 * l, l == 0, x, &s, &b)
                             : layer_f32(layers + l * STACK_PTRS, eps + 2 * l, l == 0, x, &s, &b);
