@@ -10,6 +10,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from common import event_loop
+from common.gc_tuning import tune_gc_for_serving
 from common.logging import configure_logging, get_logger
 from common.model_source import resolve_model
 from common.pb import generation_pb2, worker_link_pb2, worker_link_pb2_grpc
@@ -18,7 +19,7 @@ from common.tls import add_port
 from common.tokenizer import load_tokenizer
 from scheduler_svc.auth import ApiKeyInterceptor
 from scheduler_svc.config import SchedulerServiceConfig
-from scheduler_svc.core import SchedulerConfig, tune_gc_for_serving
+from scheduler_svc.core import SchedulerConfig
 from scheduler_svc.dashboard.history import DashboardHistory
 from scheduler_svc.engine import ServingEngine
 from scheduler_svc.generation_service import GenerationService

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 import grpc
 
 from common.convert import decode_step, encode_step_result
+from common.gc_tuning import tune_gc_for_serving
 from common.logging import get_logger
 from common.pb import worker_link_pb2 as pb
 from common.pb import worker_link_pb2_grpc as pb_grpc
 from common.tls import open_channel
-from scheduler_svc.core.gc_tuning import tune_gc_for_serving
 
 log = get_logger("splitserve.worker")
 

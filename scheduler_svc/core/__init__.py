@@ -1,9 +1,9 @@
 """The scheduler core: pure Python, no gRPC, no torch."""
 
+from common.gc_tuning import restore_gc, tune_gc_for_serving
 from scheduler_svc.core.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock, hash_block_tokens
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.errors import RequestRejected, SchedulerConfigError
-from scheduler_svc.core.gc_tuning import restore_gc, tune_gc_for_serving
 from scheduler_svc.core.kv_cache_manager import KVCacheManager, count_prefix_blocks
 from scheduler_svc.core.outputs import (
     CachedRequestData,

@@ -6,8 +6,8 @@ the RequestOutputs and their lists). With CPython's default gen0 threshold (700 
 promoted and trigger full collections that walk every live object (KV blocks, waiting requests):
 the cost per request then grows with the batch and with the waiting queue (bench/
 scheduler_overhead.py shows it). A large gen0 threshold lets them die young, and freezing what
-exists after startup keeps the long-lived objects out of later collections. The scheduler core
-never calls this itself; a service's main() may, once it is set up.
+exists after startup keeps the long-lived objects out of later collections. Neither core calls
+this itself; a service's main() (scheduler or worker) may, once it is set up.
 """
 
 from __future__ import annotations
