@@ -33,8 +33,8 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from common.messages import NewRequestData, SchedulerOutput  # noqa: E402
 from scheduler_svc.core import SamplingParams  # noqa: E402
-from scheduler_svc.core.outputs import NewRequestData, SchedulerOutput  # noqa: E402
 from worker_svc.config import ModelRunnerConfig  # noqa: E402
 from worker_svc.model_runner import ModelRunner  # noqa: E402
 

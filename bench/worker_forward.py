@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gemm_rate import linear_rate_in_decode, peak_gemm_rate  # noqa: E402
 
+from common.messages import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
 from scheduler_svc.core import Request, SamplingParams, Scheduler, SchedulerConfig  # noqa: E402
-from scheduler_svc.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
 from worker_svc.config import ModelRunnerConfig  # noqa: E402
 from worker_svc.model_loader import model_dir  # noqa: E402
 from worker_svc.model_runner import ModelRunner  # noqa: E402

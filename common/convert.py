@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from common.messages import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput
 from common.pb import sampling_pb2, worker_link_pb2
-from scheduler_svc.core.outputs import CachedRequestData, NewRequestData, SchedulerOutput
-from scheduler_svc.core.request import SamplingParams
 
 DEFAULT_MAX_TOKENS = 16
 

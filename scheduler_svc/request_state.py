@@ -8,7 +8,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from common.convert import TokenLogprobs
-from scheduler_svc.core.request import FinishReason, Request, SamplingParams
+from common.messages import SamplingParams
+from scheduler_svc.core.request import FinishReason, Request
 from scheduler_svc.detokenizer import IncrementalDetokenizer
 
 

@@ -18,8 +18,7 @@ import time
 import numpy as np
 import torch
 
-from scheduler_svc.core.outputs import NewRequestData, SchedulerOutput
-from scheduler_svc.core.request import SamplingParams
+from common.messages import NewRequestData, SamplingParams, SchedulerOutput
 
 PROBE_ID = "__cost_probe__"
 

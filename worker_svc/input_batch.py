@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from scheduler_svc.core.request import SamplingParams
+from common.messages import SamplingParams
 from worker_svc.sampler import SamplingMetadata
 
 

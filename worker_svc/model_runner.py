@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from common.messages import SchedulerOutput
 from common.model_source import resolve_model
-from scheduler_svc.core.outputs import SchedulerOutput
 from worker_svc import attention, decoder_loop, fused_ops, native_attention
 from worker_svc.compile import compile_model
 from worker_svc.config import GiB, ModelRunnerConfig

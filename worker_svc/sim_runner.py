@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from common.messages import SchedulerOutput
 from common.model_source import resolve_model
-from scheduler_svc.core.outputs import SchedulerOutput
 
 
 def _opt(default, help_text: str):

@@ -1,16 +1,12 @@
 """The scheduler core: pure Python, no gRPC, no torch."""
 
 from common.gc_tuning import restore_gc, tune_gc_for_serving
+from common.messages import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput
 from scheduler_svc.core.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock, hash_block_tokens
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.errors import RequestRejected, SchedulerConfigError
 from scheduler_svc.core.kv_cache_manager import KVCacheManager, count_prefix_blocks
-from scheduler_svc.core.outputs import (
-    CachedRequestData,
-    NewRequestData,
-    RequestOutput,
-    SchedulerOutput,
-)
+from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.policy import (
     FCFSPolicy,
     PriorityPolicy,
@@ -20,7 +16,7 @@ from scheduler_svc.core.policy import (
     register_policy,
     unregister_policy,
 )
-from scheduler_svc.core.request import FinishReason, Request, RequestStatus, SamplingParams
+from scheduler_svc.core.request import FinishReason, Request, RequestStatus
 from scheduler_svc.core.request_queue import (
     FIFORequestQueue,
     KeyedRequestQueue,

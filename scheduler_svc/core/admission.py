@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from scheduler_svc.core.outputs import CachedRequestData, NewRequestData
+from common.messages import CachedRequestData, NewRequestData
 from scheduler_svc.core.request import Request, RequestStatus
 from scheduler_svc.core.step_state import StepState
 

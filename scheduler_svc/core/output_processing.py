@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from scheduler_svc.core.outputs import RequestOutput, SchedulerOutput
+from common.messages import SchedulerOutput
+from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.request import Request, RequestStatus
 from scheduler_svc.core.stopping import check_stop
 

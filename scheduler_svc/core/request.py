@@ -6,6 +6,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from common.messages import SamplingParams
+
 
 class FinishReason(enum.StrEnum):
     STOP = "stop"  # EOS, a stop token id, or (service level) a stop string
@@ -24,27 +26,6 @@ class RequestStatus(enum.Enum):
     @property
     def is_finished(self) -> bool:
         return self is RequestStatus.FINISHED
-
-
-@dataclass(slots=True)
-class SamplingParams:
-    max_tokens: int = 16
-    min_tokens: int = 0
-    temperature: float = 1.0  # 0 means greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = disabled
-    min_p: float = 0.0
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    logprobs: int | None = None  # top-n logprobs per sampled token; None = off
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 @dataclass(slots=True, eq=False)

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from common.messages import CachedRequestData, SchedulerOutput
 from scheduler_svc.core.admission import AdmissionMixin
 from scheduler_svc.core.block_pool import KVCacheBlock
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.errors import RequestRejected, SchedulerConfigError
 from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.output_processing import OutputProcessorMixin
-from scheduler_svc.core.outputs import CachedRequestData, SchedulerOutput
 from scheduler_svc.core.policy import create_policy
 from scheduler_svc.core.preemption_cost import PreemptionCostModel
 from scheduler_svc.core.request import FinishReason, Request, RequestStatus

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduler_svc.core.outputs import CachedRequestData, NewRequestData
+from common.messages import CachedRequestData, NewRequestData
 from scheduler_svc.core.request import Request
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from scheduler_svc.core.request import FinishReason, Request, SamplingParams
+from common.messages import SamplingParams
+from scheduler_svc.core.request import FinishReason, Request
 
 
 def check_stop(request: Request, params: SamplingParams, token: int, length_limit: int) -> bool:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from common.messages import SamplingParams
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.errors import RequestRejected
-from scheduler_svc.core.request import Request, SamplingParams
+from scheduler_svc.core.request import Request
 
 MAX_TOKEN_ID = 2**63 - 1  # token ids are hashed as int64
 

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from scheduler_svc.core.outputs import SchedulerOutput
+from common.messages import SchedulerOutput
 from scheduler_svc.core.preemption_cost import WorkerCosts
 
 CALIBRATION_FILE = Path(__file__).with_name("calibration.json")

@@ -8,12 +8,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from scheduler_svc.core.outputs import (  # noqa: E402
+from common.messages import (  # noqa: E402
     CachedRequestData,
     NewRequestData,
+    SamplingParams,
     SchedulerOutput,
 )
-from scheduler_svc.core.request import SamplingParams  # noqa: E402
 from worker_svc import amx_gemm, decoder_loop, fused_ops  # noqa: E402
 from worker_svc.config import ModelRunnerConfig  # noqa: E402
 from worker_svc.fast_linear import AMX_MAX_ROWS  # noqa: E402

@@ -74,8 +74,8 @@ def test_cancelled_getter_passes_its_wake_up_on():
 def test_push_token_streams_what_push_tokens_streams(stop, table):
     """The step loop's one-token fast path gives the same deltas and state as the general
     one: byte table or not, stop strings, characters split over tokens, a finished request."""
+    from common.messages import SamplingParams
     from common.tokenizer import load_tokenizer
-    from scheduler_svc.core.request import SamplingParams
     from scheduler_svc.detokenizer import IncrementalDetokenizer
     from scheduler_svc.request_state import RequestState
 
@@ -116,8 +116,9 @@ def test_push_token_streams_what_push_tokens_streams(stop, table):
 def test_held_tokens_go_with_the_last_delta_of_any_ending():
     """With a stream interval, tokens that wait are not lost when the request finishes,
     is aborted or fails: the last delta carries them."""
+    from common.messages import SamplingParams
     from common.tokenizer import load_tokenizer
-    from scheduler_svc.core.request import FinishReason, SamplingParams
+    from scheduler_svc.core.request import FinishReason
     from scheduler_svc.detokenizer import IncrementalDetokenizer
     from scheduler_svc.request_state import RequestState
 
@@ -149,8 +150,9 @@ def test_tokens_held_when_the_interval_drops_go_first_with_the_next(fast):
     """The adaptive interval may fall while a token is held: it goes out before the next token,
     in order (the fast path once sent the new token alone, and the held newline came out at
     the end: " Paris.\nThe answer is\n:" for " Paris.\n\nThe answer is:")."""
+    from common.messages import SamplingParams
     from common.tokenizer import load_tokenizer
-    from scheduler_svc.core.request import FinishReason, SamplingParams
+    from scheduler_svc.core.request import FinishReason
     from scheduler_svc.detokenizer import IncrementalDetokenizer
     from scheduler_svc.request_state import RequestState
 

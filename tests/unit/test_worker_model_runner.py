@@ -6,12 +6,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from scheduler_svc.core.outputs import (  # noqa: E402
+from common.messages import (  # noqa: E402
     CachedRequestData,
     NewRequestData,
+    SamplingParams,
     SchedulerOutput,
 )
-from scheduler_svc.core.request import SamplingParams  # noqa: E402
 from worker_svc.config import ModelRunnerConfig  # noqa: E402
 from worker_svc.kv_cache import bytes_per_block  # noqa: E402
 from worker_svc.model_runner import ModelRunner, ModelRunnerOutput  # noqa: E402

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from scheduler_svc.core.request import SamplingParams  # noqa: E402
+from common.messages import SamplingParams  # noqa: E402
 from worker_svc.input_batch import InputBatch  # noqa: E402
 from worker_svc.sampler import Sampler, apply_penalties  # noqa: E402
 
