@@ -2,6 +2,9 @@
 
 from common.gc_tuning import restore_gc, tune_gc_for_serving
 from common.messages import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput
+
+# importing policies registers the built-ins beyond fcfs and priority (sjf, aging, fair, deadline)
+from scheduler_svc.core import policies  # noqa: F401
 from scheduler_svc.core.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock, hash_block_tokens
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.errors import RequestRejected, SchedulerConfigError

@@ -3,7 +3,9 @@
 A policy gives the waiting queue its sort key (lower = served first) and picks the victim when a
 running request needs KV blocks that are not there. Policies subclass SchedulingPolicy and
 register themselves by name; schedule() never branches on names. fcfs and priority live here;
-sjf, the aging variants, fair share and deadline in scheduler_svc/core/policies/.
+sjf, the aging variants, fair share and deadline in scheduler_svc/core/policies/, which imports
+this module (never the reverse) and is imported by scheduler_svc/core/__init__.py, so every
+built-in is registered once the core is imported.
 """
 
 from __future__ import annotations
@@ -138,7 +140,3 @@ class PriorityPolicy(SchedulingPolicy):
 
     def victim_key(self, request: Request) -> tuple[int]:
         return (request.priority,)
-
-
-# the other built-in policies register themselves on import (after the base class exists)
-from scheduler_svc.core import policies as _builtin_policies  # noqa: E402, F401
