@@ -22,8 +22,9 @@ from scheduler_svc.observer import EngineObserver
 
 if TYPE_CHECKING:
     from scheduler_svc.core import SchedulerOutput
-    from scheduler_svc.engine import ServingEngine, StepReply, WorkerSession
+    from scheduler_svc.engine import ServingEngine
     from scheduler_svc.request_state import RequestState
+    from scheduler_svc.worker_session import StepReply, WorkerSession
 
 P = "splitserve:"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from scheduler_svc.core import SchedulerOutput
-    from scheduler_svc.engine import StepReply, WorkerSession
     from scheduler_svc.request_state import RequestState
+    from scheduler_svc.worker_session import StepReply, WorkerSession
 
 
 class EngineObserver:

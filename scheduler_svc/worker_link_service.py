@@ -14,13 +14,8 @@ from common.pb import worker_link_pb2 as pb
 from common.pb import worker_link_pb2_grpc as pb_grpc
 from scheduler_svc.core import SchedulerOutput
 from scheduler_svc.core.preemption_cost import WorkerCosts
-from scheduler_svc.engine import (
-    ServingEngine,
-    StepReply,
-    WorkerLost,
-    WorkerRegistration,
-    WorkerSession,
-)
+from scheduler_svc.engine import ServingEngine
+from scheduler_svc.worker_session import StepReply, WorkerLost, WorkerRegistration, WorkerSession
 
 log = get_logger("splitserve.worker_link")
 REGISTER_TIMEOUT_S = 30.0

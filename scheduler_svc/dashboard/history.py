@@ -15,7 +15,8 @@ from scheduler_svc.observer import EngineObserver
 
 if TYPE_CHECKING:
     from scheduler_svc.core import SchedulerOutput
-    from scheduler_svc.engine import ServingEngine, StepReply, WorkerSession
+    from scheduler_svc.engine import ServingEngine
+    from scheduler_svc.worker_session import StepReply, WorkerSession
 
 HISTORY_STEPS = 240
 SERIES = ("t", "prefill", "decode", "running", "waiting", "swapped", "kv", "preempted", "step_ms")

@@ -9,14 +9,9 @@ import pytest
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.core import FinishReason, SamplingParams, SchedulerOutput
 from scheduler_svc.detokenizer import IncrementalDetokenizer
-from scheduler_svc.engine import (
-    ExecuteTransport,
-    ServingEngine,
-    StepReply,
-    WorkerLost,
-    WorkerRegistration,
-)
+from scheduler_svc.engine import ServingEngine
 from scheduler_svc.request_state import RequestState
+from scheduler_svc.worker_session import ExecuteTransport, StepReply, WorkerLost, WorkerRegistration
 
 VOCAB = 1000
 

@@ -1,0 +1,102 @@
+"""A worker as the engine sees it: its registration, the transport that carries its steps, and
+the session that holds its core Scheduler and bookkeeping. The engine, placement and observers
+all speak of these; none of them needs the engine to name them."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from common.convert import TokenLogprobs
+from scheduler_svc.core import Scheduler, SchedulerOutput
+from scheduler_svc.core.preemption_cost import WorkerCosts
+
+
+class WorkerLost(Exception):
+    """The worker's stream broke, it went silent, or it answered nonsense."""
+
+
+@dataclass(slots=True)
+class StepReply:
+    sampled: dict[str, list[int]]
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    forward_time_s: float = 0.0
+    step_time_s: float = 0.0  # on the worker: step received to reply ready
+    idle_time_s: float = 0.0  # on the worker: previous reply to this step's arrival
+
+
+class WorkerTransport(Protocol):
+    async def submit(self, out: SchedulerOutput) -> Awaitable:
+        """Send a step; return a handle for result() (steps may be pipelined)."""
+
+    async def result(self, out: SchedulerOutput, handle: Awaitable) -> StepReply:
+        """The checked result of a submitted step; raises WorkerLost."""
+
+
+class ExecuteTransport(abc.ABC):
+    """A transport built on one `execute(out)` coroutine (in-process and test workers)."""
+
+    @abc.abstractmethod
+    async def execute(self, out: SchedulerOutput) -> StepReply:
+        """Run one step to completion."""
+
+    async def submit(self, out: SchedulerOutput) -> Awaitable:
+        return asyncio.ensure_future(self.execute(out))
+
+    async def result(self, out: SchedulerOutput, handle: Awaitable) -> StepReply:
+        return await handle
+
+
+@dataclass(slots=True)
+class WorkerRegistration:
+    worker_id: str
+    model: str
+    block_size: int
+    num_device_blocks: int
+    num_host_blocks: int
+    max_model_len: int
+    address: str = ""
+    costs: WorkerCosts | None = None  # measured by the worker (preemption cost model)
+
+
+@dataclass(slots=True, eq=False)
+class WorkerSession:
+    registration: WorkerRegistration
+    scheduler: Scheduler
+    transport: WorkerTransport
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    request_ids: set[str] = field(default_factory=set)
+    inflight_hashes: Counter = field(default_factory=Counter)  # prefixes on their way here
+    lost: bool = False
+    lost_reason: str = ""
+    draining: bool = False
+    drain_deadline: float = 0.0
+    num_drained_finished: int = 0
+    num_steps: int = 0
+    last_forward_time_s: float = 0.0
+    total_worker_step_s: float = 0.0
+    total_worker_idle_s: float = 0.0
+    attached_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def worker_id(self) -> str:
+        return self.registration.worker_id
+
+    @property
+    def load(self) -> int:
+        return len(self.request_ids)
+
+    @property
+    def state(self) -> str:
+        return "lost" if self.lost else "draining" if self.draining else "active"
+
+    def mark_lost(self, reason: str) -> None:
+        if not self.lost:
+            self.lost = True
+            self.lost_reason = reason
+        self.wakeup.set()
