@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from typing import Any
 
 from common.convert import TokenLogprobs
 from common.logging import get_logger
@@ -32,7 +33,6 @@ from scheduler_svc.core import (
     validate_request,
 )
 from scheduler_svc.observer import EngineObserver
-from scheduler_svc.policy_control import policy_options
 from scheduler_svc.request_state import RequestState
 from scheduler_svc.slo import SloAdmission
 from scheduler_svc.stream_pacing import StreamPacer
@@ -433,3 +433,12 @@ def _has_work(out: SchedulerOutput) -> bool:
         or out.preempted_req_ids
         or out.blocks_to_swap_out
     )
+
+
+def policy_options(config: SchedulerServiceConfig) -> dict[str, Any]:
+    """Options every policy may take (each takes the ones it knows): aging rate, tenant
+    weights (fair share; --tenants 'a:10,b:1')."""
+    return {
+        "aging_rate": config.aging_rate or None,
+        "weights": parse_tenants(config.tenants) or None,
+    }

@@ -1,26 +1,16 @@
-"""The service's side of scheduling policies: options from the configuration, and changing the
-priority of a waiting request (gRPC SetPriority, HTTP POST /v1/requests/{id}/priority)."""
+"""The service's side of scheduling policies at run time: changing the priority of a waiting
+request (gRPC SetPriority, HTTP POST /v1/requests/{id}/priority). The engine builds its policy
+from the configuration (engine.policy_options)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from scheduler_svc.admission import parse_tenants
 from scheduler_svc.core import FIFORequestQueue, RequestStatus
 from scheduler_svc.intake import PRIORITY_RANGE
 
 if TYPE_CHECKING:
-    from scheduler_svc.config import SchedulerServiceConfig
     from scheduler_svc.engine import ServingEngine
-
-
-def policy_options(config: SchedulerServiceConfig) -> dict[str, Any]:
-    """Options every policy may take (each takes the ones it knows): aging rate, tenant
-    weights (fair share; --tenants 'a:10,b:1')."""
-    return {
-        "aging_rate": config.aging_rate or None,
-        "weights": parse_tenants(config.tenants) or None,
-    }
 
 
 class PriorityChangeError(Exception):
