@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -24,9 +25,6 @@ from torch.autograd import profiler
 from worker_svc import native_attention
 from worker_svc.fast_linear import AMX_MAX_ROWS, AmxLinear, NativePackedLinear
 from worker_svc.fused_ops import NativeGatedMLP, NativeRotary
-
-if TYPE_CHECKING:
-    from worker_svc.decoder_loop import DecoderLoop
 
 log = logging.getLogger("splitserve.worker.decode_stack")
 
@@ -40,8 +38,19 @@ _K_CACHE, _V_CACHE = PTRS.index("k_cache"), PTRS.index("v_cache")
 _AVAILABLE_BIT = {torch.float32: 1, torch.bfloat16: 2}
 
 
+class LoopView(Protocol):
+    """What the stack reads from the decoder_loop.DecoderLoop that builds it (that module
+    imports this one, so this one names the loop by what it uses)."""
+
+    inner: torch.nn.Module  # the model's decoder: its final norm
+    layers: list  # decoder_loop._Layer: attn, input_norm, post_norm, mlp, head_dim
+    num_heads: int
+    num_kv_heads: int
+    _rotary_module: ModuleType  # where the attention looks up its rotary function
+
+
 class DecodeStack:
-    def __init__(self, lib: ctypes.CDLL, loop: DecoderLoop, dtype: torch.dtype, layer_ptrs):
+    def __init__(self, lib: ctypes.CDLL, loop: LoopView, dtype: torch.dtype, layer_ptrs):
         self._fn = lib.decode_stack
         self._fn.argtypes = [ctypes.c_int, _P, _P, _I64, _P, *[_I64] * 6, _P, _P, _I64, _P, _P,
                              _I64, _P, _I64, _I64, _F, _P, _F, _P, _P, _I64]  # fmt: skip
@@ -155,7 +164,7 @@ def _layer_ptrs(layer, dtype: torch.dtype) -> dict[str, int] | None:
     return ptrs
 
 
-def build(loop: DecoderLoop) -> DecodeStack | None:
+def build(loop: LoopView) -> DecodeStack | None:
     """The stack for `loop` where every layer runs on the kernels it calls, else None."""
     lib = native_attention.library_with("decode_stack_available", "SPLITSERVE_DECODE_STACK")
     dtype = loop.inner.norm.weight.dtype
