@@ -124,7 +124,7 @@ async def run_point(n_workers: int, args, progress) -> dict:
                 str(args.running * 40),
             ]
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "common.cli", "worker", *worker_args,
+            [sys.executable, "-m", "splitserve.cli", "worker", *worker_args,
              "--scheduler", f"127.0.0.1:{cfg.worker_port}", "--worker-id", f"w{i}",
              "--log-level", "warning"],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -13,7 +13,7 @@ from common.settings import dataclass_from_args, to_argv
 
 
 def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "common.cli", *args], env=env)
+    return subprocess.Popen([sys.executable, "-m", "splitserve.cli", *args], env=env)
 
 
 def run_up(args: argparse.Namespace) -> int:

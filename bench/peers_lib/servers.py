@@ -129,7 +129,7 @@ def run_splitserve_grpc(args, wl: Workload, runs, log_dir: Path) -> dict:
     from common.pb import generation_pb2_grpc
 
     port, wport = free_port(), free_port()
-    cli = [os.environ.get("PYTHON", str(ROOT / ".venv/bin/python")), "-m", "common.cli"]
+    cli = [os.environ.get("PYTHON", str(ROOT / ".venv/bin/python")), "-m", "splitserve.cli"]
     if not Path(cli[0]).exists():
         import sys
 

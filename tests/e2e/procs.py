@@ -65,7 +65,7 @@ class Cluster:
         log_path = self.tmp / f"{name}-{len(self.procs)}.log"
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
         popen = subprocess.Popen(
-            [sys.executable, "-m", "common.cli", *args],
+            [sys.executable, "-m", "splitserve.cli", *args],
             cwd=ROOT,
             env=env,
             stdout=open(log_path, "wb"),

@@ -29,7 +29,7 @@ def cluster(tmp_path_factory):
 def bench(tmp_path, *args: str) -> tuple[dict, str]:
     out = tmp_path / "result.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "common.cli", "bench", "serve", "--api-key", API_KEY,
+        [sys.executable, "-m", "splitserve.cli", "bench", "serve", "--api-key", API_KEY,
          "--num-prompts", "16", "--ignore-eos", "--no-progress", "--json", str(out), *args],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -227,7 +227,7 @@ def test_cli_generate_json(cluster):
         [
             sys.executable,
             "-m",
-            "common.cli",
+            "splitserve.cli",
             "generate",
             "The capital of France is",
             "--scheduler",

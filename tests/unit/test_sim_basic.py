@@ -7,7 +7,6 @@ import statistics
 
 import pytest
 
-from common.cli import main as cli_main
 from scheduler_svc.core import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput
 from scheduler_svc.sim import (
     SimSettings,
@@ -18,6 +17,7 @@ from scheduler_svc.sim import (
     simulate,
     summarize,
 )
+from splitserve.cli import main as cli_main
 
 COST = StepCostModel(
     base_s=0.01, per_token_s=1e-4, per_ctx_token_s=1e-7, per_seq_s=1e-4,
