@@ -1,5 +1,6 @@
-"""The composition root: the `splitserve` command (cli.py). The only package that may import
-from every layer; nothing imports it.
+"""The composition root: the `splitserve` command (cli.py) and `splitserve up` (launcher.py: a
+scheduler and N workers as child processes). The only package that may import from every
+layer; no layer imports it.
 
 Layers, imports pointing down only (tests/unit/test_layers.py checks them):
 

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             dataclass_from_args(SimConfig, args),
         )
     if args.command == "up":
-        from common.launcher import run_up
+        from splitserve.launcher import run_up
 
         return run_up(args)
     if args.command == "generate":
