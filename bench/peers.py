@@ -7,7 +7,7 @@
 
 Systems (--systems, in this order by default):
   splitserve-grpc    `splitserve scheduler` + one `splitserve worker` process, gRPC streaming
-  splitserve-inproc  the scheduler core + ModelRunner in this process (common.inprocess)
+  splitserve-inproc  the scheduler core + ModelRunner in this process (splitserve.inprocess)
   llama-server       llama.cpp's server, -np 64 -cb, on the same SmolLM2 GGUF (Q4_1 weights)
   generate-batch     transformers' own continuous batching (the engine of generate_batch)
   hf-static          HF generate on left-padded static batches (--static-batch)

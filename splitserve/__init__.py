@@ -1,6 +1,6 @@
-"""The composition root: the `splitserve` command (cli.py) and `splitserve up` (launcher.py: a
-scheduler and N workers as child processes). The only package that may import from every
-layer; no layer imports it.
+"""The composition root: the `splitserve` command (cli.py), `splitserve up` (launcher.py: a
+scheduler and N workers as child processes) and the two cores wired in one process without
+gRPC (inprocess.py). The only package that may import from every layer; no layer imports it.
 
 Layers, imports pointing down only (tests/unit/test_layers.py checks them):
 

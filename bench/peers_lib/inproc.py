@@ -50,8 +50,8 @@ def make_runner(args):
 
 
 def run_splitserve_inproc(args, wl: Workload, runs) -> dict:
-    from common.inprocess import InProcessEngine
     from scheduler_svc.core import SamplingParams
+    from splitserve.inprocess import InProcessEngine
 
     runner = make_runner(args)
     runner.warm_up(2048)  # as the worker does at its start (--warmup-tokens)

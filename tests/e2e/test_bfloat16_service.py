@@ -40,7 +40,7 @@ def _needs_amx_stack():
 @pytest.fixture(scope="module")
 def in_process():
     _needs_amx_stack()
-    from common.inprocess import generate_in_process
+    from splitserve.inprocess import generate_in_process
     from worker_svc.config import ModelRunnerConfig
     from worker_svc.model_runner import ModelRunner
 

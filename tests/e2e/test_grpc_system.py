@@ -80,7 +80,7 @@ def test_greedy_over_grpc_equals_hugging_face(client, hf_greedy):
 
 
 def test_greedy_over_grpc_equals_in_process(client, hf_greedy):
-    from common.inprocess import generate_in_process
+    from splitserve.inprocess import generate_in_process
 
     tok = load_tokenizer(None)
     in_process = generate_in_process(

@@ -9,9 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from common.inprocess import InProcessEngine  # noqa: E402
 from scheduler_svc.core import SamplingParams, SchedulerConfig  # noqa: E402
 from scheduler_svc.core.preemption_cost import WorkerCosts  # noqa: E402
+from splitserve.inprocess import InProcessEngine  # noqa: E402
 
 
 @pytest.fixture(scope="module")
