@@ -48,7 +48,7 @@ def _up_parser(sub) -> None:
 
 
 def _bench_parser(sub) -> None:
-    from common.bench_serve import add_arguments
+    from bench.serve import add_arguments
 
     p = sub.add_parser("bench", help="benchmarks against a running server")
     bench = p.add_subparsers(dest="bench_command", required=True)
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "generate":
         return run_generate(args)
     if args.command == "bench":
-        from common.bench_serve import run as bench_serve
+        from bench.serve import run as bench_serve
 
         return bench_serve(args)
     if args.command == "sim":

@@ -13,7 +13,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from common.bench_serve import RequestResult
+from bench.serve import RequestResult
 from peers_lib.workload import Workload
 
 

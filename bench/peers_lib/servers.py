@@ -18,8 +18,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from bench.serve import GrpcBackend, RequestResult, _Timer
 from common import event_loop
-from common.bench_serve import GrpcBackend, RequestResult, _Timer
 from peers_lib.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 async def drive(backend, wl: Workload, offsets: list[float], desc: str):
     """Send request i at offsets[i] seconds; returns (results, seconds to the last completion)."""
-    from common.bench_serve import BenchRequest
+    from bench.serve import BenchRequest
 
     bar = tqdm(total=wl.num_requests * wl.max_tokens, desc=desc, unit="tok", leave=False)
     t0 = time.perf_counter()
@@ -45,7 +45,7 @@ async def drive(backend, wl: Workload, offsets: list[float], desc: str):
 
 
 async def warm_up(backend, prompt: list[int]) -> None:
-    from common.bench_serve import BenchRequest
+    from bench.serve import BenchRequest
 
     res = await backend.send(BenchRequest(prompt, 4), time.perf_counter())
     if not res.ok:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from common.bench_serve import (
+from bench.serve import (
     RequestResult,
     add_arguments,
     format_table,

@@ -12,6 +12,9 @@ arrive as a Poisson process (--request-rate) and/or under a concurrency cap
 
 Prints a table (req/s, output tok/s, total tok/s; TTFT, TPOT, ITL and end-to-end latency: mean
 and percentiles); --json PATH writes the results, --plot PATH.png draws them (matplotlib).
+
+A client of the wire types (common/) only, outside the library's layers; the one bench/ package
+the distribution ships, so that the command works wherever splitserve is installed.
 """
 
 from __future__ import annotations
