@@ -4,6 +4,9 @@ splitserve sim                                    # every policy on a mixed trac
 splitserve sim --scenario sjf --plot sjf.png      # fcfs vs sjf vs sjf-aging on a burst
 splitserve sim --scenario small-pool --json out.json
 splitserve sim --policies fcfs,fair --tenants a:1,b:1 --weights a:10,b:1 --num-requests 2000
+
+Every setting flag defaults to None here (not given); scenarios.resolve puts the scenario's own
+settings and the flags the user gave together, in one place.
 """
 
 from __future__ import annotations
@@ -11,60 +14,124 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
+from typing import Any
 
+from scheduler_svc.core import available_policies
+from scheduler_svc.core.errors import SchedulerConfigError
 from scheduler_svc.sim.costmodel import CALIBRATION_FILE, StepCostModel
 from scheduler_svc.sim.report import plot_ttft, print_table, summarize
-from scheduler_svc.sim.scenarios import SCENARIOS
-from scheduler_svc.sim.simulator import SimSettings, simulate
-from scheduler_svc.sim.trace import TraceConfig, parse_mix
+from scheduler_svc.sim.scenarios import (
+    CONFIG_FIELDS,
+    SCENARIOS,
+    ScenarioConfig,
+    ScenarioFlagError,
+    describe,
+    resolve,
+    show_value,
+)
+from scheduler_svc.sim.simulator import simulate
+from scheduler_svc.sim.trace import parse_mix
+
+_GENERIC = ScenarioConfig()
+
+
+def _mix(spec: str) -> dict[str, float] | None:
+    """name:weight,... (empty: not given)."""
+    try:
+        return parse_mix(spec) or None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _ints(spec: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in spec.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{spec!r}: use integers, e.g. 0,1,2") from None
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one integer")
+    return values
+
+
+def _policy_list(spec: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in spec.split(",") if x.strip())
+    known = available_policies()
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {', '.join(bad) or spec!r}; choose from {', '.join(known)}"
+        )
+    return names
+
+
+def _rate_or_scenario(spec: str) -> float | None:
+    """A rate >= 0; 0 means the scenario's (None: not given)."""
+    try:
+        value = float(spec)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{spec!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{spec!r}: give a rate >= 0")
+    return value or None
+
+
+def _setting(g, name: str, help: str = "", **kw: Any) -> None:
+    """A setting flag: stored under its ScenarioConfig field, None when not given."""
+    dest = name[2:].replace("-", "_")
+    assert dest in CONFIG_FIELDS, dest
+    default = getattr(_GENERIC, dest)
+    shown = "the scenario's" if default is None else show_value(default)
+    text = f"{help}; " if help else ""
+    g.add_argument(name, dest=dest, default=None, help=f"{text}default: {shown}", **kw)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = describe()
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument(
         "--scenario",
         default="policies",
         choices=sorted(SCENARIOS),
-        help="experiment to run (see scheduler_svc/sim/scenarios.py)",
+        help="experiment to run (see scheduler_svc/sim/scenarios.py and below)",
     )
-    p.add_argument(
-        "--policies", default="", help="comma list of policies (default: the scenario's)"
-    )
-    g = p.add_argument_group("trace")
-    g.add_argument("--num-requests", type=int, default=400)
-    g.add_argument(
+    _setting(p, "--policies", "comma list of policies", type=_policy_list)
+    g = p.add_argument_group("trace (a scenario may set its own defaults; a flag given wins)")
+    _setting(g, "--num-requests", type=int)
+    _setting(
+        g,
         "--request-rate",
-        type=float,
-        default=0.0,
-        help="Poisson arrivals/s (0: the scenario's load, from the cost model)",
+        "Poisson arrivals/s (0: the scenario's load, from the cost model)",
+        type=_rate_or_scenario,
     )
-    g.add_argument("--prompt-median", type=float, default=256.0)
-    g.add_argument("--prompt-sigma", type=float, default=0.9, help="log-normal sigma")
-    g.add_argument("--prompt-max", type=int, default=2048)
-    g.add_argument("--output-median", type=float, default=96.0)
-    g.add_argument("--output-sigma", type=float, default=0.8)
-    g.add_argument("--output-max", type=int, default=1024)
-    g.add_argument("--tenants", default="", help="request mix per tenant, e.g. a:1,b:1")
-    g.add_argument("--priorities", default="0", help="priorities drawn uniformly, e.g. 0,1,2")
-    g.add_argument("--shared-prefix-len", type=int, default=0)
-    g.add_argument("--seed", type=int, default=0)
-    g = p.add_argument_group("scheduler")
-    g.add_argument("--workers", type=int, default=1)
-    g.add_argument("--max-num-batched-tokens", type=int, default=512)
-    g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--num-blocks", type=int, default=2048)
-    g.add_argument("--num-host-blocks", type=int, default=0)
-    g.add_argument("--preemption-mode", default="recompute", choices=("recompute", "swap", "auto"))
-    g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
-    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    g.add_argument("--max-model-len", type=int, default=4096)
-    g.add_argument("--aging-rate", type=float, default=0.0, help="0: the scenario's or default")
-    g.add_argument("--weights", default="", help="fair share weights, e.g. a:10,b:1")
-    g.add_argument("--ttft-slo-ms", type=float, default=0.0)
-    g.add_argument("--thrash-threshold", type=float, default=0.2)
-    g.add_argument("--thrash-window-s", type=float, default=10.0)
-    g.add_argument("--thrash-backpressure", action=argparse.BooleanOptionalAction, default=False)
+    _setting(g, "--prompt-median", type=float)
+    _setting(g, "--prompt-sigma", "log-normal sigma", type=float)
+    _setting(g, "--prompt-max", type=int)
+    _setting(g, "--output-median", type=float)
+    _setting(g, "--output-sigma", type=float)
+    _setting(g, "--output-max", type=int)
+    _setting(g, "--tenants", "request mix per tenant, e.g. a:1,b:1", type=_mix)
+    _setting(g, "--priorities", "priorities drawn uniformly, e.g. 0,1,2", type=_ints)
+    _setting(g, "--shared-prefix-len", type=int)
+    _setting(g, "--seed", type=int)
+    g = p.add_argument_group("scheduler (a scenario may set its own defaults; a flag given wins)")
+    _setting(g, "--workers", type=int)
+    _setting(g, "--max-num-batched-tokens", type=int)
+    _setting(g, "--max-num-seqs", type=int)
+    _setting(g, "--block-size", type=int)
+    _setting(g, "--num-blocks", type=int)
+    _setting(g, "--num-host-blocks", type=int)
+    _setting(g, "--preemption-mode", choices=("recompute", "swap", "auto"))
+    _setting(g, "--enable-chunked-prefill", action=argparse.BooleanOptionalAction)
+    _setting(g, "--enable-prefix-caching", action=argparse.BooleanOptionalAction)
+    _setting(g, "--max-model-len", type=int)
+    _setting(g, "--aging-rate", "0: the scenario's or the policy's default", type=_rate_or_scenario)
+    _setting(g, "--weights", "fair share weights, e.g. a:10,b:1 (or a=10,b=1)", type=_mix)
+    _setting(g, "--ttft-slo-ms", type=float)
+    _setting(g, "--thrash-threshold", type=float)
+    _setting(g, "--thrash-window-s", type=float)
+    _setting(g, "--thrash-backpressure", action=argparse.BooleanOptionalAction)
     g = p.add_argument_group("cost model and output")
     g.add_argument("--calibration", default=None, help=f"profile in {CALIBRATION_FILE.name}")
     g.add_argument("--calibration-file", type=Path, default=None)
@@ -72,48 +139,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--plot", type=Path, default=None, help="TTFT distributions per run (PNG)")
 
 
+def given_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The setting flags the user gave (by ScenarioConfig field)."""
+    return {f: v for f in CONFIG_FIELDS if (v := getattr(args, f, None)) is not None}
+
+
 def run(args: argparse.Namespace) -> int:
-    cost = StepCostModel.load(args.calibration, args.calibration_file)
-    options: dict = {}
-    if args.aging_rate:
-        options["aging_rate"] = args.aging_rate
-    if args.weights:
-        options["weights"] = parse_mix(args.weights)
-    base = SimSettings(
-        num_workers=args.workers,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        block_size=args.block_size,
-        num_blocks=args.num_blocks,
-        num_host_blocks=args.num_host_blocks,
-        preemption_mode=args.preemption_mode,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        enable_prefix_caching=args.enable_prefix_caching,
-        max_model_len=args.max_model_len,
-        ttft_slo_ms=args.ttft_slo_ms,
-        thrash_threshold=args.thrash_threshold,
-        thrash_window_s=args.thrash_window_s,
-        thrash_backpressure=args.thrash_backpressure,
-        shared_prefix_len=args.shared_prefix_len,
-        policy_options=options,
-    )
-    tc = TraceConfig(
-        num_requests=args.num_requests,
-        request_rate=args.request_rate,
-        prompt_median=args.prompt_median,
-        prompt_sigma=args.prompt_sigma,
-        prompt_max=args.prompt_max,
-        output_median=args.output_median,
-        output_sigma=args.output_sigma,
-        output_max=args.output_max,
-        tenants=parse_mix(args.tenants) if args.tenants else {},
-        priorities=tuple(int(x) for x in args.priorities.split(",") if x),
-        shared_prefix_len=args.shared_prefix_len,
-        seed=args.seed,
-    )
-    names = [x for x in args.policies.split(",") if x] or None
-    runs = SCENARIOS[args.scenario](base, tc, cost, names)
-    results = [simulate(s, trace, cost) for s, trace in runs]
+    try:
+        cfg = resolve(args.scenario, given_settings(args))
+    except ScenarioFlagError as exc:
+        return _error(str(exc))
+    try:
+        cost = StepCostModel.load(args.calibration, args.calibration_file)
+    except (OSError, ValueError, KeyError) as exc:
+        return _error(f"cost model: {exc}")
+    try:
+        runs = SCENARIOS[args.scenario].build(cfg, cost)
+        results = [simulate(s, trace, cost) for s, trace in runs]
+    except SchedulerConfigError as exc:
+        return _error(str(exc))
     title = f"splitserve sim: {args.scenario}, cost model {cost.name} (simulated time)"
     print_table(results, title)
     if args.plot:
@@ -123,6 +167,12 @@ def run(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(summaries, indent=2) + "\n")
         print(f"json: {args.json}")
     return 0
+
+
+def _error(message: str) -> int:
+    """argparse's way: one sentence on stderr, exit status 2."""
+    print(f"splitserve sim: error: {message}", file=sys.stderr)
+    return 2
 
 
 def _clean(value):

@@ -85,11 +85,15 @@ def make_trace(cfg: TraceConfig) -> list[TraceRequest]:
 
 
 def parse_mix(spec: str) -> dict[str, float]:
-    """'a:3,b:1' -> {'a': 3.0, 'b': 1.0}; a name alone weighs 1."""
+    """'a:3,b:1' (or 'a=3,b=1') -> {'a': 3.0, 'b': 1.0}; a name alone weighs 1."""
     mix: dict[str, float] = {}
     for item in filter(None, (p.strip() for p in spec.split(","))):
-        name, _, value = item.partition(":")
-        mix[name] = float(value) if value else 1.0
-        if not name or not mix[name] > 0:
+        name, _, value = item.replace("=", ":", 1).partition(":")
+        try:
+            weight = float(value) if value else 1.0
+        except ValueError:
+            weight = math.nan
+        if not name or not weight > 0 or math.isinf(weight):
             raise ValueError(f"bad item {item!r}; use name[:weight>0],...")
+        mix[name] = weight
     return mix

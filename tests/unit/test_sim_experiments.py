@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.sim import SimSettings, StepCostModel, TraceConfig, simulate, summarize
-from scheduler_svc.sim.scenarios import SCENARIOS
+from scheduler_svc.sim import StepCostModel, simulate, summarize
+from scheduler_svc.sim.scenarios import build_runs
 
 COST = StepCostModel(base_s=0.005, per_token_s=5e-5, per_ctx_token_s=2e-8, per_seq_s=1e-4,
                      swap_bytes_per_s=2e10, swap_latency_s=1e-4, kv_bytes_per_block=1 << 20,
@@ -21,8 +21,7 @@ COST = StepCostModel(base_s=0.005, per_token_s=5e-5, per_ctx_token_s=2e-8, per_s
 
 
 def run(name: str, num_requests: int = 300, seed: int = 0):
-    runs = SCENARIOS[name](SimSettings(), TraceConfig(num_requests=num_requests, request_rate=0.0,
-                                                      seed=seed), COST)  # fmt: skip
+    runs = build_runs(name, COST, num_requests=num_requests, seed=seed)
     results = [simulate(s, trace, COST) for s, trace in runs]
     return {r.label: r for r in results}
 
