@@ -23,7 +23,7 @@ fi
 # for portable x86-64 levels (the worker picks the best its CPU runs; without one it takes the
 # torch and MKL paths).
 if [[ "$(uname -m)" == x86_64 ]] && command -v "${CC:-cc}" >/dev/null 2>&1; then
-    python3 worker_svc/kernel_build.py --prebuild worker_svc/prebuilt_kernels
+    python3 -m worker_svc.kernel_build --prebuild worker_svc/prebuilt_kernels
 else
     echo "no C compiler on this host: the worker image gets no prebuilt CPU kernels" >&2
 fi

@@ -12,7 +12,7 @@ import ctypes
 
 import torch
 
-from worker_svc import native_attention
+from worker_svc import cpu_caps, native_attention
 from worker_svc.packed_gemm import profiled_range
 
 _I64, _P = ctypes.c_int64, ctypes.c_void_p
@@ -93,5 +93,7 @@ class AmxGemm:
 
 
 def load() -> AmxGemm | None:
+    if not cpu_caps.capabilities().has("amx"):
+        return None
     lib = native_attention.library_with("amx_gemm_available", "SPLITSERVE_AMX_GEMM")
     return AmxGemm(lib) if lib is not None and lib.amx_gemm_available() else None

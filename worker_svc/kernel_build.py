@@ -1,9 +1,10 @@
 """Compile the worker's CPU kernels (worker_svc/csrc/: paged attention, packed GEMM, fused
-elementwise ops) into one library: for this CPU (-march=native, at a worker's first start) or
-for portable x86-64 levels ahead of time (images without a compiler). Standard library only, so
-an image build script can run it on the host:
+elementwise ops) into one library: for this CPU's level (worker_svc/cpu_caps.py; -march=native
+unless SPLITSERVE_CPU_LEVEL caps it, at a worker's first start) or for portable x86-64 levels
+ahead of time (images without a compiler). Standard library only, so an image build script can
+run it on the host:
 
-    python3 worker_svc/kernel_build.py --prebuild worker_svc/prebuilt_kernels
+    python3 -m worker_svc.kernel_build --prebuild worker_svc/prebuilt_kernels
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+from worker_svc import cpu_caps
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = tuple(
@@ -45,13 +48,8 @@ COMMON_FLAGS = [
     "-shared",
     "-std=c11",
 ]
-CFLAGS = ["-march=native", *COMMON_FLAGS]
-# x86-64 microarchitecture levels, best first, with the /proc/cpuinfo flags each one needs:
-# v4 compiles the AVX-512 paths, v3 the plain attention loops vectorised for AVX2 (no GEMM).
-PORTABLE_TARGETS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("x86-64-v4", frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"})),
-    ("x86-64-v3", frozenset({"avx2", "fma", "bmi1", "bmi2", "f16c", "movbe", "abm"})),
-)
+# the levels a prebuilt library is made for, best first (the worker image has no compiler)
+PORTABLE_LEVELS = ("avx512", "avx2")
 
 
 def source_bytes() -> bytes:
@@ -95,39 +93,48 @@ def compile_to(path: Path, flags: list[str]) -> Path:
     return path
 
 
-def native_build(cache: Path) -> Path:
-    """The library for this CPU in `cache`, compiled first if it is not there. The name hashes
-    the source, the flags and the CPU's features (not the compiler's path), so a worker without
-    a compiler still loads one built for this CPU into a shared cache directory."""
+def level_flags(caps: cpu_caps.CpuCapabilities) -> list[str]:
+    """The full compiler command's flags for `caps`' usable level."""
+    return [*caps.compiler_flags(), *COMMON_FLAGS]
+
+
+def native_build(cache: Path, caps: cpu_caps.CpuCapabilities | None = None) -> Path:
+    """The library for this CPU's usable level in `cache`, compiled first if it is not there.
+    The name hashes the source, the flags and the CPU's features (not the compiler's path), so
+    a worker without a compiler still loads one built for this CPU into a shared cache."""
+    caps = caps or cpu_caps.capabilities()
+    if caps.level == "none":
+        raise RuntimeError("this CPU has no AVX2 + FMA: the native kernels need at least that")
+    flags = level_flags(caps)
     key = hashlib.sha256(
-        source_bytes() + " ".join(CFLAGS).encode() + cpu_flags_line().encode()
+        source_bytes() + " ".join(flags).encode() + cpu_flags_line().encode()
     ).hexdigest()[:16]
-    path = cache / f"{LIBRARY_PREFIX}-{key}.so"
-    return path if path.exists() else compile_to(path, CFLAGS)
+    path = cache / f"{LIBRARY_PREFIX}-{caps.level}-{key}.so"
+    return path if path.exists() else compile_to(path, flags)
 
 
-def prebuilt_name(target: str) -> str:
-    return f"{LIBRARY_PREFIX}-{target}-{source_key()}.so"
+def prebuilt_name(level: str) -> str:
+    return f"{LIBRARY_PREFIX}-{level}-{source_key()}.so"
 
 
 def prebuild(out_dir: Path) -> list[Path]:
-    """One library per portable target for this source (old ones of other sources removed)."""
+    """One library per portable level for this source (old ones of other sources removed)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    keep = {prebuilt_name(target) for target, _ in PORTABLE_TARGETS}
+    keep = {prebuilt_name(level) for level in PORTABLE_LEVELS}
     for old in out_dir.glob("*.so"):
         if old.name not in keep:
             old.unlink()
     return [
-        compile_to(out_dir / prebuilt_name(target), [f"-march={target}", *COMMON_FLAGS])
-        for target, _ in PORTABLE_TARGETS
+        compile_to(out_dir / prebuilt_name(level), [*cpu_caps.portable_flags(level), *COMMON_FLAGS])
+        for level in PORTABLE_LEVELS
     ]
 
 
-def find_prebuilt(directory: Path, cpu_flags: set[str]) -> Path | None:
-    """The best prebuilt library of this source that this CPU can run, if any."""
-    for target, needs in PORTABLE_TARGETS:
-        path = directory / prebuilt_name(target)
-        if needs <= cpu_flags and path.exists():
+def find_prebuilt(directory: Path, caps: cpu_caps.CpuCapabilities) -> Path | None:
+    """The best prebuilt library of this source that `caps` allows, if any."""
+    for level in PORTABLE_LEVELS:
+        path = directory / prebuilt_name(level)
+        if caps.has(level) and path.exists():
             return path
     return None
 

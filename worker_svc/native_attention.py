@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from common.model_source import cache_dir
-from worker_svc import kernel_build
+from worker_svc import cpu_caps, kernel_build
 
 log = logging.getLogger("splitserve.worker.native_attention")
 
@@ -94,6 +94,7 @@ class PagedDecodeKernel:
         them (`SPLITSERVE_AMX_ATTENTION=0` starts with them off): S = QK^T and O += PV as tile
         products, P rounded to bfloat16 for PV. Returns whether they are on."""
         fn = getattr(self.lib, "paged_prefill_set_amx", None)
+        on = on and cpu_caps.capabilities().has("amx")
         self.amx_prefill = bool(fn(int(on))) if fn is not None else False
         return self.amx_prefill
 
@@ -102,6 +103,7 @@ class PagedDecodeKernel:
         them; `SPLITSERVE_BF16_DOT_ATTENTION=0` starts with them off): q.k on the cache's
         bfloat16 pairs as they are, P rounded to bfloat16 for P.V. Returns whether they are on."""
         fn = getattr(self.lib, "paged_decode_set_bf16_dot", None)
+        on = on and cpu_caps.capabilities().has("avx512-bf16")
         self.bf16_dot = bool(fn(int(on))) if fn is not None else False
         return self.bf16_dot
 
@@ -274,5 +276,4 @@ def _prebuilt() -> Path | None:
     """A portable library shipped beside the package (the worker image's, built on the host by
     docker/build-images.sh), or in $SPLITSERVE_PREBUILT_KERNELS."""
     directory = Path(os.environ.get("SPLITSERVE_PREBUILT_KERNELS") or kernel_build.PREBUILT_DIR)
-    flags = set(kernel_build.cpu_flags_line().split(":", 1)[-1].split())
-    return kernel_build.find_prebuilt(directory, flags)
+    return kernel_build.find_prebuilt(directory, cpu_caps.capabilities())

@@ -9,8 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tests.cpu_levels import needs_level  # noqa: E402
 from tests.unit.test_decoder_loop import run_steps  # noqa: E402
-from worker_svc import amx_gemm, decode_stack, fused_ops, native_attention, packed_gemm  # noqa: E402
+from worker_svc import decode_stack, native_attention  # noqa: E402
 from worker_svc.config import ModelRunnerConfig  # noqa: E402
 from worker_svc.model_runner import ModelRunner  # noqa: E402
 
@@ -20,13 +21,8 @@ def _bf16_decode_body() -> bool:
     return kernel is not None and kernel.bf16_dot
 
 
-needs_stack = pytest.mark.skipif(
-    amx_gemm.load() is None or not _bf16_decode_body(),
-    reason="needs AMX and the AVX512-BF16 decode attention",
-)
-needs_f32_stack = pytest.mark.skipif(
-    packed_gemm.load() is None or fused_ops.load() is None, reason="needs the AVX-512 kernels"
-)
+needs_stack = needs_level("amx", "the bfloat16 decode stack")
+needs_f32_stack = needs_level("avx512", "the float32 decode stack")
 DTYPES = [
     pytest.param("float32", marks=needs_f32_stack),
     pytest.param("bfloat16", marks=needs_stack),

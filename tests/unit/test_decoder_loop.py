@@ -14,13 +14,14 @@ from common.messages import (  # noqa: E402
     SamplingParams,
     SchedulerOutput,
 )
+from tests.cpu_levels import needs_level  # noqa: E402
 from worker_svc import amx_gemm, decoder_loop, fused_ops  # noqa: E402
 from worker_svc.config import ModelRunnerConfig  # noqa: E402
 from worker_svc.fast_linear import AMX_MAX_ROWS  # noqa: E402
 from worker_svc.model_runner import ModelRunner  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
-needs_ops = pytest.mark.skipif(fused_ops.load() is None, reason="no AVX-512 fused ops here")
+needs_ops = needs_level("avx512", "the fused ops")
 
 
 class LogitsTap:

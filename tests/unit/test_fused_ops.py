@@ -13,10 +13,11 @@ transformers = pytest.importorskip("transformers")
 from torch import nn  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm  # noqa: E402
 
+from tests.cpu_levels import needs_level  # noqa: E402
 from worker_svc import fused_ops  # noqa: E402
 
 OPS = fused_ops.load()
-needs_ops = pytest.mark.skipif(OPS is None, reason="no AVX-512 native library here")
+needs_ops = needs_level("avx512", "the fused ops")
 
 
 @needs_ops

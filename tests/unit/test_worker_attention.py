@@ -12,7 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from worker_svc import kernel_build, native_attention  # noqa: E402
+from tests.cpu_levels import needs_level  # noqa: E402
+from worker_svc import cpu_caps, kernel_build, native_attention  # noqa: E402
 from worker_svc.attention import METADATA_KWARG, build_metadata, paged_attention_forward  # noqa: E402
 
 NATIVE = native_attention.load()
@@ -43,7 +44,7 @@ def test_mixed_batch_matches_reference(group_size, backend):
     check_mixed_batch(group_size, backend, H, KVH, D)
 
 
-@pytest.mark.skipif(NATIVE is None, reason="no C compiler")
+@needs_level("avx512", "the native paged prefill")
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (8, 1, 48)])
 def test_mixed_batch_with_native_prefill_matches_reference(heads, kv_heads, head_dim):
     cache = torch.zeros(1, 1, kv_heads, head_dim)
@@ -290,17 +291,21 @@ def test_native_kernel_build_cache_and_fallback(tmp_path, monkeypatch):
     assert kernel_build.native_build(tmp_path / "kernels") == built  # reused, no compiler needed
 
 
-def test_prebuilt_choice_follows_the_cpu_flags(tmp_path):
-    for target, _ in kernel_build.PORTABLE_TARGETS:
-        (tmp_path / kernel_build.prebuilt_name(target)).touch()
-    older = f"{kernel_build.LIBRARY_PREFIX}-x86-64-v4-0000000000000000.so"  # other sources'
+def test_prebuilt_choice_follows_the_cpu_level(tmp_path):
+    for level in kernel_build.PORTABLE_LEVELS:
+        (tmp_path / kernel_build.prebuilt_name(level)).touch()
+    older = f"{kernel_build.LIBRARY_PREFIX}-avx512-0000000000000000.so"  # other sources'
     (tmp_path / older).touch()
-    v4, v3 = (kernel_build.PORTABLE_TARGETS[i][1] for i in (0, 1))
-    best = kernel_build.find_prebuilt(tmp_path, set(v4 | v3))
-    assert best is not None and best.name == kernel_build.prebuilt_name("x86-64-v4")
-    avx2 = kernel_build.find_prebuilt(tmp_path, set(v3) | {"avx512f"})  # not all of v4's
-    assert avx2 is not None and avx2.name == kernel_build.prebuilt_name("x86-64-v3")
-    assert kernel_build.find_prebuilt(tmp_path, {"sse2", "neon"}) is None
+
+    def caps(cpu_level: str, level: str | None = None) -> cpu_caps.CpuCapabilities:
+        return cpu_caps.CpuCapabilities(cpu_level, level or cpu_level, frozenset())
+
+    for level, want in [("amx", "avx512"), ("avx512-bf16", "avx512"), ("avx2", "avx2")]:
+        found = kernel_build.find_prebuilt(tmp_path, caps(level))
+        assert found is not None and found.name == kernel_build.prebuilt_name(want), level
+    capped = kernel_build.find_prebuilt(tmp_path, caps("amx", "avx2"))  # SPLITSERVE_CPU_LEVEL
+    assert capped is not None and capped.name == kernel_build.prebuilt_name("avx2")
+    assert kernel_build.find_prebuilt(tmp_path, caps("none")) is None
 
 
 @pytest.mark.skipif(NATIVE is None, reason="no C compiler")
@@ -308,7 +313,7 @@ def test_worker_without_compiler_loads_a_prebuilt_kernel(tmp_path, monkeypatch):
     """The worker image's case: no compiler, an empty cache, portable libraries shipped in the
     package. The one this CPU can run is loaded and computes what the native build does."""
     prebuilt = kernel_build.prebuild(tmp_path / "prebuilt")
-    assert len(prebuilt) == len(kernel_build.PORTABLE_TARGETS)
+    assert len(prebuilt) == len(kernel_build.PORTABLE_LEVELS)
     monkeypatch.setenv("SPLITSERVE_CACHE_DIR", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("SPLITSERVE_PREBUILT_KERNELS", str(tmp_path / "prebuilt"))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
