@@ -1,32 +1,21 @@
 """Faster linear layers for the CPU forward, swapped into the stock Hugging Face model.
 
-In float32, where the native library has its AVX-512 GEMM (worker_svc/packed_gemm.py),
-`NativePackedLinear` keeps the weight only in that kernel's packed layout. Measured over the
-whole model's weights (cold in cache, as in a real step), it beats MKL on the transposed weight
-at every batch size: 8 rows 57 vs 37 GFLOP/s, 64 rows 213 vs 163, 2048 rows 279 vs 261.
-Without it, the MKL path below.
+`optimize_linears(model)` picks one kind per dtype from what the CPU can run (cpu_caps) and
+replaces each nn.Linear; the model's forward code is untouched. Weights are copied once at load;
+a tied lm_head gets its own copy.
 
-Measured with MKL on this CPU at decode shapes (M = 64 rows): `x @ W_t`, the weight stored
-transposed ([in, out], contiguous), runs 15-25 % faster than `F.linear(x, W)` ([out, in], what
-nn.Linear does); a whole batch-64 decode step of SmolLM2 went from 337 to 293 ms on one thread.
-(Fusing q/k/v and gate/up into one wider GEMM was measured too: slower here, 320 ms, so no.)
-
-In bfloat16 the GEMMs go to oneDNN (AMX / AVX-512 BF16), which re-lays the weight out for its
-kernel on every call; with weights cold in cache that costs a third of a decode GEMM. There,
-`PackedLinear` keeps a copy packed once for decode-sized inputs (measured 171 -> 227 GFLOP/s
-per core at M = 64 with cold weights, bit-identical outputs) and leaves large prefill inputs,
-for which that packing is slower, to the plain weight.
-
-Where the CPU has AMX-BF16 (worker_svc/amx_gemm.py), `AmxLinear` replaces that copy with one
-packed for our own AMX kernel, which streams the weight once per call: a batch-64 decode step's
-linears (SmolLM2, 30 layers) 17-21 ms against oneDNN's 21-28 ms, and ahead up to 512 rows
-(67 vs 75-82 ms). Past 512 rows oneDNN's plain-weight path is faster inside a prefill step
-(four W64 prefill steps, alternating: 1091-1125 ms against 1129-1190 with every projection on
-AMX), though alone our kernel runs a 2048-row GEMM faster (2.7 TFLOP/s): larger inputs stay
-there; the gated MLP keeps its fused kernel at every size (fused_ops.NativeGatedMLP).
-
-`optimize_linears(model)` picks per dtype and replaces each nn.Linear; the model's forward code
-is untouched. Weights are copied once at load; a tied lm_head gets its own copy.
+- float32: `NativePackedLinear`, the native GEMM over a weight packed once into its panel layout
+  (worker_svc/packed_gemm.py; AVX-512 or AVX2), which streams each panel once per call where
+  BLAS re-packs the weight on every call. Without the native library, `TransposedLinear`: MKL
+  on the weight stored transposed, which MKL multiplies faster than nn.Linear's layout.
+- bfloat16 with AMX: `AmxLinear`, our AMX kernel's packed copy for decode-sized inputs, oneDNN
+  on the plain weight past AMX_MAX_ROWS rows (faster inside a prefill step).
+- bfloat16 with AVX-512 (oneDNN's bfloat16 GEMM): `PackedLinear`, a copy packed once in
+  oneDNN's layout for decode-sized inputs, the plain weight for larger ones (for which oneDNN's
+  per-call layout is faster).
+- bfloat16 on AVX2 (no bfloat16 arithmetic; oneDNN refuses it): `NativePackedLinear` on the
+  native GEMM's bfloat16 entry, which widens each weight to float32 in its inner loop.
+- otherwise torch's own nn.Linear.
 """
 
 from __future__ import annotations
@@ -36,7 +25,7 @@ import logging
 import torch
 from torch import nn
 
-from worker_svc import amx_gemm, packed_gemm
+from worker_svc import amx_gemm, cpu_caps, packed_gemm
 
 log = logging.getLogger("splitserve.worker.fast_linear")
 
@@ -65,7 +54,7 @@ class NativePackedLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self._gemm = gemm
-        packed = gemm.pack(linear.weight.detach().float())
+        packed = gemm.pack(linear.weight.detach())
         self.packed_weight = nn.Parameter(packed, requires_grad=False)
         bias = linear.bias
         self.bias = (
@@ -134,8 +123,10 @@ class AmxLinear(nn.Module):
 
 
 def packing_available(dtype: torch.dtype) -> bool:
+    """oneDNN's packed bfloat16/float16 linear: it needs AVX-512 (BW, VL, DQ) on x86."""
     return (
         dtype in (torch.bfloat16, torch.float16)
+        and cpu_caps.capabilities().has("avx512")
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -145,9 +136,9 @@ def packing_available(dtype: torch.dtype) -> bool:
 def optimize_linears(model: nn.Module) -> str:
     """Swap the model's nn.Linear modules in place (CPU); returns what they became."""
     dtype = next(model.parameters()).dtype
-    gemm = packed_gemm.load() if dtype == torch.float32 else None
+    gemm = packed_gemm.load() if dtype in packed_gemm.DTYPES else None
     amx = amx_gemm.load() if dtype == torch.bfloat16 else None
-    if gemm is not None:
+    if gemm is not None and dtype == torch.float32:
         make, kind = (lambda linear: NativePackedLinear(linear, gemm)), "native-packed"
     elif amx is not None:
         kind = "amx-packed"
@@ -160,6 +151,8 @@ def optimize_linears(model: nn.Module) -> str:
         make, kind = TransposedLinear, "transposed"
     elif packing_available(dtype):
         make, kind = PackedLinear, "packed"
+    elif gemm is not None:
+        make, kind = (lambda linear: NativePackedLinear(linear, gemm)), "native-packed"
     else:
         return "stock"
     replaced = 0

@@ -1,8 +1,11 @@
-"""The packed float32 GEMM of worker_svc/csrc/packed_gemm.c: pack a weight once, multiply often.
+"""The packed GEMM of worker_svc/csrc/packed_gemm.c: pack a weight once, multiply often.
+float32, and bfloat16 (weights widened to float32 in the kernel's inner loop: the bfloat16 path
+of CPUs without bfloat16 arithmetic).
 
 The kernel lives in the same native library as the paged attention (native_attention.load()
-builds or finds it); it needs AVX-512, and `load()` returns None where the library or that
-path is missing (or SPLITSERVE_NATIVE_GEMM=0), so callers keep MKL.
+builds or finds it); it needs AVX2 + FMA (AVX-512 where the library is built for it), and
+`load()` returns None where the library or that path is missing (or SPLITSERVE_NATIVE_GEMM=0),
+so callers keep torch's linear.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from worker_svc import native_attention
 
 _I64, _P = ctypes.c_int64, ctypes.c_void_p
 PROFILE_NAME = "splitserve::packed_sgemm"  # what the torch profiler shows for a call
+DTYPES = (torch.float32, torch.bfloat16)
 _NO_RANGE = contextlib.nullcontext()
 
 
@@ -29,10 +33,11 @@ def profiled_range(name: str):
 class PackedGemm:
     def __init__(self, lib: ctypes.CDLL, panel_width: int) -> None:
         self.panel_width = panel_width
-        self._fn = lib.packed_sgemm
-        # x, M, K, lda, packed, N, bias, y, ldy, threads
-        self._fn.argtypes = [_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _I64]
-        self._fn.restype = ctypes.c_int
+        self._fns = {torch.float32: lib.packed_sgemm, torch.bfloat16: lib.packed_bgemm}
+        for fn in self._fns.values():
+            # x, M, K, lda, packed, N, bias, y, ldy, threads
+            fn.argtypes = [_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _I64]
+            fn.restype = ctypes.c_int
         self._elapsed = lib.packed_sgemm_elapsed_ns
         self._elapsed.restype = ctypes.c_int64
 
@@ -41,7 +46,7 @@ class PackedGemm:
         return self._elapsed() / 1e9
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
-        """[out, in] float32 (nn.Linear's layout) -> [panels, in, panel_width], zero-padded."""
+        """[out, in] (nn.Linear's layout) -> [panels, in, panel_width], zero-padded, same dtype."""
         out_features, in_features = weight.shape
         width = self.panel_width
         panels = -(-out_features // width)
@@ -52,20 +57,23 @@ class PackedGemm:
     def __call__(
         self, x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        """x [..., in] float32 -> [..., out_features]."""
+        """x [..., in] in the packed weight's dtype -> [..., out_features]."""
         in_features = packed.shape[1]
         flat = x.reshape(-1, in_features)
-        if flat.stride(-1) != 1 or flat.dtype != torch.float32:
-            raise ValueError("packed_sgemm takes float32 rows with contiguous features")
+        if flat.stride(-1) != 1 or flat.dtype != packed.dtype or flat.dtype not in self._fns:
+            raise ValueError(
+                f"the packed GEMM takes {packed.dtype} rows with contiguous features "
+                f"(float32 or bfloat16), not {flat.dtype}"
+            )
         rows = flat.shape[0]
-        out = torch.empty(rows, out_features, dtype=torch.float32)
+        out = torch.empty(rows, out_features, dtype=flat.dtype)
         if rows:
             with profiled_range(PROFILE_NAME):
                 self._run(flat, packed, out, bias)
         return out.view(*x.shape[:-1], out_features)
 
     def _run(self, flat, packed, out, bias) -> None:
-        self._fn(
+        self._fns[flat.dtype](
             flat.data_ptr(),
             flat.shape[0],
             flat.shape[1],

@@ -10,7 +10,8 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 
-from worker_svc import amx_gemm, packed_gemm  # noqa: E402
+from tests.cpu_levels import needs_level  # noqa: E402
+from worker_svc import amx_gemm, cpu_caps, packed_gemm  # noqa: E402
 from worker_svc.fast_linear import (  # noqa: E402
     AMX_MAX_ROWS,
     PACKED_MAX_ROWS,
@@ -34,7 +35,7 @@ def test_transposed_linear_matches(bias, rows):
     torch.testing.assert_close(got, lin(x), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(not packing_available(torch.bfloat16), reason="no oneDNN bf16 packing")
+@needs_level("avx512", "oneDNN's packed bfloat16 linear")
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 64, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1, 1000])
 def test_packed_linear_is_bit_identical_in_bf16(bias, rows):
@@ -47,7 +48,7 @@ def test_packed_linear_is_bit_identical_in_bf16(bias, rows):
 
 
 AMX = amx_gemm.load()
-needs_amx = pytest.mark.skipif(AMX is None, reason="no AMX-BF16 on this machine")
+needs_amx = needs_level("amx")
 
 
 def test_optimize_linears_replaces_every_linear_by_dtype():
@@ -66,7 +67,7 @@ def test_optimize_linears_replaces_every_linear_by_dtype():
 
 
 GEMM = packed_gemm.load()
-needs_gemm = pytest.mark.skipif(GEMM is None, reason="no AVX-512 packed GEMM on this machine")
+needs_gemm = needs_level("avx2", "the packed GEMM")
 
 
 @needs_gemm
@@ -84,6 +85,50 @@ def test_native_packed_linear_matches(bias, in_features, out_features):
         got = packed(x)
         assert got.shape == (1, rows, out_features)
         torch.testing.assert_close(got, lin(x), atol=2e-5 * in_features**0.5, rtol=1e-4)
+
+
+@needs_gemm
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("in_features,out_features", [(96, 40), (576, 192), (33, 49)])
+def test_native_packed_linear_in_bfloat16_is_float32_math_rounded_once(
+    bias, in_features, out_features
+):
+    """The AVX2 machine's bfloat16 path: bfloat16 in and out, float32 sums inside, so each
+    output is within one bfloat16 rounding of the exact product of the bfloat16 inputs."""
+    torch.manual_seed(3)
+    lin = nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
+    packed = NativePackedLinear(lin, GEMM)
+    assert packed.packed_weight.dtype == torch.bfloat16
+    for rows in (1, 5, 64, 193):
+        x = torch.randn(1, rows, in_features).to(torch.bfloat16)
+        got = packed(x)
+        assert got.shape == (1, rows, out_features) and got.dtype == torch.bfloat16
+        exact = nn.functional.linear(
+            x.double(), lin.weight.double(), None if lin.bias is None else lin.bias.double()
+        )
+        # one rounding to bfloat16 (8 significant bits) plus float32 summation error
+        bound = exact.abs() * 2.0**-8 + 1e-4 * in_features**0.5
+        assert ((got.double() - exact).abs() <= bound).all(), rows
+
+
+def test_bfloat16_linears_never_take_onednn_below_avx512(monkeypatch):
+    """oneDNN's bfloat16 packing aborts on CPUs without AVX-512 (the AVX2 crash at worker
+    start): capped at AVX2, bfloat16 layers go to the native GEMM (or stay nn.Linear)."""
+    monkeypatch.setattr(
+        "worker_svc.cpu_caps._probed", cpu_caps.CpuCapabilities("amx", "avx2", frozenset())
+    )
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", _refuse, raising=False)
+    assert not packing_available(torch.bfloat16)
+    assert amx_gemm.load() is None
+    model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 16)).to(torch.bfloat16)
+    kind = optimize_linears(model)
+    assert kind == ("native-packed" if GEMM is not None else "stock")
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    assert model(x).dtype == torch.bfloat16
+
+
+def _refuse(*args, **kwargs):
+    raise RuntimeError("bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl")
 
 
 @needs_gemm
