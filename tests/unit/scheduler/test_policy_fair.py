@@ -92,7 +92,13 @@ def test_fair_share_in_the_simulator_with_two_workers():
 
 
 def test_engine_workers_account_into_the_shared_policy():
-    from tests.unit.test_engine import FakeWorker, drain, make_engine, make_state, registration
+    from tests.unit.services.test_engine import (
+        FakeWorker,
+        drain,
+        make_engine,
+        make_state,
+        registration,
+    )
 
     async def main():
         engine = make_engine(scheduling_policy="fair", tenants="a:3,b:1")

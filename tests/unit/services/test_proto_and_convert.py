@@ -16,7 +16,7 @@ from common.convert import (
 )
 from scheduler_svc.core import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_generated_code_is_not_stale(tmp_path):

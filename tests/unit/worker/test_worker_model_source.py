@@ -117,7 +117,7 @@ def test_tokenizer_loads_without_torch():
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
         "print(tok.eos_token_id, tok.encode('Hello world'))\n"
     )
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120
     )

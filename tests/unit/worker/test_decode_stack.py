@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tests.cpu_levels import needs_level  # noqa: E402
-from tests.unit.test_decoder_loop import run_steps  # noqa: E402
+from tests.unit.worker.test_decoder_loop import run_steps  # noqa: E402
 from worker_svc import decode_stack, native_attention  # noqa: E402
 from worker_svc.config import ModelRunnerConfig  # noqa: E402
 from worker_svc.model_runner import ModelRunner  # noqa: E402

@@ -14,7 +14,13 @@ from scheduler_svc.dashboard.history import DashboardHistory
 from scheduler_svc.http import HttpContext, create_app
 from scheduler_svc.intake import Intake
 from scheduler_svc.metrics import MetricsObserver, ObserverGroup
-from tests.unit.test_engine import FakeWorker, make_engine, reference, registration, run_session
+from tests.unit.services.test_engine import (
+    FakeWorker,
+    make_engine,
+    reference,
+    registration,
+    run_session,
+)
 
 TOK = load_tokenizer(None)
 MODEL = "fake"
