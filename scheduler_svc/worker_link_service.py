@@ -169,6 +169,7 @@ class WorkerLinkService(pb_grpc.WorkerLinkServicer):
             max_model_len=reg.max_model_len,
             address=context.peer(),
             costs=WorkerCosts.from_message(reg),
+            kernels=reg.kernels,
         )
         await context.write(
             pb.SchedulerMessage(

@@ -62,6 +62,7 @@ class WorkerRegistration:
     max_model_len: int
     address: str = ""
     costs: WorkerCosts | None = None  # measured by the worker (preemption cost model)
+    kernels: str = ""  # the worker's CPU level and kernel per op family, as it reported them
 
 
 @dataclass(slots=True, eq=False)

@@ -25,6 +25,11 @@ def _worker_parser(sub) -> None:
     add_dataclass_args(p, WorkerLinkConfig)
     add_dataclass_args(p, ModelRunnerConfig)
     add_dataclass_args(p, SimConfig)
+    p.add_argument(
+        "--print-capabilities",
+        action="store_true",
+        help="print the CPU level and the kernel each op runs with here, then exit",
+    )
 
 
 def _up_parser(sub) -> None:
@@ -150,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         from scheduler_svc.main import main as scheduler_main
 
         scheduler_main(dataclass_from_args(SchedulerServiceConfig, args))
+        return 0
+    if args.command == "worker" and args.print_capabilities:
+        from worker_svc.kernel_report import print_capabilities
+
+        print_capabilities()
         return 0
     if args.command == "worker":
         from worker_svc.config import ModelRunnerConfig

@@ -80,6 +80,7 @@ class WorkerLinkClient:
             secret=self.cfg.worker_secret,
             device=str(getattr(r, "device", "")),
             dtype=str(getattr(r, "dtype", "")),
+            kernels=getattr(r, "kernels", "simulated"),
             **self.costs(),
         )
 

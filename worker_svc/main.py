@@ -46,6 +46,7 @@ def main(link_cfg: WorkerLinkConfig, runner_cfg, sim_cfg: SimConfig | None = Non
         block_size=runner.block_size,
         max_model_len=runner.max_model_len,
         forward=getattr(runner, "forward_path", "simulated"),
+        kernels=getattr(runner, "kernels", "simulated"),
     )
     client = WorkerLinkClient(link_cfg, runner)
 

@@ -20,7 +20,7 @@ import torch
 
 from common.messages import SchedulerOutput
 from common.model_source import resolve_model
-from worker_svc import attention, decoder_loop, fused_ops, native_attention
+from worker_svc import attention, cpu_caps, decoder_loop, fused_ops, native_attention
 from worker_svc.compile import compile_model
 from worker_svc.config import GiB, ModelRunnerConfig
 from worker_svc.cost_probe import time_throwaway_prefill
@@ -123,8 +123,7 @@ class ModelRunner:
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(generator, ops.argmax if ops is not None else None)
         log.info(
-            "model %s loaded in %.1f s on %s/%s: %d KV blocks of %d, %d host blocks, "
-            "%s decode attention, %s prefill attention",
+            "model %s loaded in %.1f s on %s/%s: %d KV blocks of %d, %d host blocks; kernels: %s",
             self.source.name,
             self.load_time_s,
             self.device,
@@ -132,8 +131,7 @@ class ModelRunner:
             num_blocks,
             config.block_size,
             num_host,
-            "native" if self.decode_kernel else "torch",
-            "native" if self.native_prefill else "SDPA",
+            self.kernels,
         )
 
     # --- what the scheduler needs to know ---
@@ -165,6 +163,18 @@ class ModelRunner:
     @property
     def eos_token_id(self) -> int | None:
         return self._eos_token_id
+
+    @property
+    def kernels(self) -> str:
+        """One line: the CPU level and the kernel of each op family (registration, logs)."""
+        if self.device.type != "cpu":
+            return f"{self.device.type} torch"
+        return (
+            f"{cpu_caps.capabilities().level} linear={self.linear_kind} "
+            f"decode-attention={'native' if self.decode_kernel else 'torch'} "
+            f"prefill-attention={'native' if self.native_prefill else 'sdpa'} "
+            f"forward={self.forward_path}"
+        )
 
     @property
     def forward_path(self) -> str:

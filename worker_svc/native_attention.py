@@ -89,6 +89,11 @@ class PagedDecodeKernel:
         self._write_kv.argtypes = [_P, _P, _P, _P, _P] + [_I64] * 8
         self._write_kv.restype = ctypes.c_int
 
+    @property
+    def has_prefill(self) -> bool:
+        """The library carries the prefill kernel (built for AVX-512)."""
+        return bool(self._prefill_fns)
+
     def set_amx_prefill(self, on: bool) -> bool:
         """Prefill chunks over a bfloat16 cache (head_dim 64) on AMX tiles where the CPU has
         them (`SPLITSERVE_AMX_ATTENTION=0` starts with them off): S = QK^T and O += PV as tile

@@ -46,7 +46,7 @@ class Drained(_message.Message):
     def __init__(self, num_finished: _Optional[int] = ..., num_handed_back: _Optional[int] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("worker_id", "model", "block_size", "num_device_blocks", "num_host_blocks", "max_model_len", "vocab_size", "eos_token_id", "secret", "device", "dtype", "prefill_s_per_token", "prefill_s_per_token_ctx", "swap_bytes_per_s", "swap_latency_s", "kv_bytes_per_block")
+    __slots__ = ("worker_id", "model", "block_size", "num_device_blocks", "num_host_blocks", "max_model_len", "vocab_size", "eos_token_id", "secret", "device", "dtype", "prefill_s_per_token", "prefill_s_per_token_ctx", "swap_bytes_per_s", "swap_latency_s", "kv_bytes_per_block", "kernels")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class Register(_message.Message):
     SWAP_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     SWAP_LATENCY_S_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     block_size: int
@@ -79,7 +80,8 @@ class Register(_message.Message):
     swap_bytes_per_s: float
     swap_latency_s: float
     kv_bytes_per_block: int
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., secret: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., prefill_s_per_token: _Optional[float] = ..., prefill_s_per_token_ctx: _Optional[float] = ..., swap_bytes_per_s: _Optional[float] = ..., swap_latency_s: _Optional[float] = ..., kv_bytes_per_block: _Optional[int] = ...) -> None: ...
+    kernels: str
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., secret: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., prefill_s_per_token: _Optional[float] = ..., prefill_s_per_token_ctx: _Optional[float] = ..., swap_bytes_per_s: _Optional[float] = ..., swap_latency_s: _Optional[float] = ..., kv_bytes_per_block: _Optional[int] = ..., kernels: _Optional[str] = ...) -> None: ...
 
 class RegisterAck(_message.Message):
     __slots__ = ("worker_id", "max_model_len")

@@ -105,6 +105,7 @@ class DashboardHistory(EngineObserver):
                         "worker_id": session.worker_id,
                         "state": getattr(session, "state", "lost" if session.lost else "active"),
                         "address": session.registration.address,
+                        "kernels": session.registration.kernels,
                         "num_running": stats.num_running,
                         "num_waiting": stats.num_waiting,
                         "num_swapped": getattr(stats, "num_swapped", 0),

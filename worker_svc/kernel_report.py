@@ -1,0 +1,50 @@
+"""Which kernel runs each op on this machine: `splitserve worker --print-capabilities`, the
+worker's start-up log and its registration (the scheduler's dashboard shows it).
+
+Asked of the loaders themselves (not derived from the CPU level), so what is printed is what
+the runner will take.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from worker_svc import amx_gemm, cpu_caps, fused_ops, native_attention, packed_gemm
+from worker_svc.fast_linear import packing_available
+
+
+def kernel_choices() -> dict[str, str]:
+    """Op -> the kernel this machine runs it with (CPU; a CUDA worker runs torch's ops)."""
+    caps = cpu_caps.capabilities()
+    native = native_attention.load()
+    gemm, amx, ops = packed_gemm.load(), amx_gemm.load(), fused_ops.load()
+    if amx is not None:
+        bf16_linear = "AMX GEMM (decode sizes), oneDNN (prefill)"
+    elif packing_available(torch.bfloat16):
+        bf16_linear = "oneDNN, weight packed once (decode sizes)"
+    elif gemm is not None:
+        bf16_linear = "native packed GEMM, bfloat16 widened to float32"
+    else:
+        bf16_linear = "torch"
+    prefill = native is not None and native.has_prefill
+    return {
+        "cpu level": caps.describe(),
+        "native library": native.path.name if native else "none (no C compiler, no prebuilt)",
+        "linear float32": "native packed GEMM" if gemm else "MKL (weight transposed)",
+        "linear bfloat16": bf16_linear,
+        "decode attention": "native paged"
+        + (" (AVX512-BF16 bodies for bfloat16)" if native and native.bf16_dot else "")
+        if native
+        else "torch SDPA over gathered blocks",
+        "prefill attention": "native paged"
+        + (" (AMX tiles for bfloat16)" if native and native.amx_prefill else "")
+        if prefill
+        else "torch SDPA per chunk",
+        "norms, rotary, SiLU product, argmax": "native fused" if ops else "torch",
+    }
+
+
+def print_capabilities() -> None:
+    width = max(map(len, kernel_choices()))
+    for op, kernel in kernel_choices().items():
+        print(f"{op:<{width}}  {kernel}")
