@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from scheduler_svc.core import (
@@ -9,9 +11,9 @@ from scheduler_svc.core import (
     FreeBlockQueue,
     KVCacheBlock,
     KVCacheManager,
-    Request,
     hash_block_tokens,
 )
+from tests.factories import request
 
 
 def ids(blocks) -> list[int]:
@@ -107,8 +109,7 @@ def test_reset_prefix_cache_only_when_idle():
     assert pool.reset_prefix_cache() and not pool.cached and x.block_hash is None
 
 
-def _req(rid, tokens, out=()):
-    return Request(rid, list(tokens), output_token_ids=list(out))
+_req = functools.partial(request, arrival=None)  # arrival: time.monotonic(), Request's default
 
 
 def test_manager_allocates_only_on_block_boundaries():

@@ -9,24 +9,27 @@ import itertools
 
 import pytest
 
-from scheduler_svc.core import Request, SamplingParams, Scheduler, SchedulerConfig
+from scheduler_svc.core import Request, Scheduler
 from scheduler_svc.sim import SimSettings, StepCostModel, TraceRequest, simulate
+from tests.factories import request, scheduler_factory
 
 _tok = itertools.count(1000)
 
 
-def make(**kw) -> Scheduler:
-    weights = {"a": 10, "b": 1}
-    cfg = dict(max_num_batched_tokens=64, max_num_seqs=8, block_size=4, num_blocks=256,
-               max_model_len=512, policy="fair", policy_options={"weights": weights})  # fmt: skip
-    cfg.update(kw)
-    return Scheduler(SchedulerConfig(**cfg))
+make = scheduler_factory(
+    max_num_batched_tokens=64,
+    max_num_seqs=8,
+    block_size=4,
+    num_blocks=256,
+    max_model_len=512,
+    policy="fair",
+    policy_options={"weights": {"a": 10, "b": 1}},
+)
 
 
 def req(rid: str, tenant: str, prompt: int = 24, out: int = 24, arrival: float = 0.0) -> Request:
-    return Request(rid, [next(_tok) % 500 + 3 for _ in range(prompt)],
-                   SamplingParams(max_tokens=out, ignore_eos=True), tenant=tenant,
-                   arrival_time=arrival)  # fmt: skip
+    tokens = [next(_tok) % 500 + 3 for _ in range(prompt)]
+    return request(rid, tokens, max_tokens=out, ignore_eos=True, tenant=tenant, arrival=arrival)
 
 
 def step(s: Scheduler, served: dict[str, int]):

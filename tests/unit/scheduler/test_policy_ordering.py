@@ -9,7 +9,6 @@ import pytest
 from scheduler_svc.core import (
     Request,
     RequestStatus,
-    SamplingParams,
     SchedulerConfig,
     SchedulerConfigError,
     available_policies,
@@ -17,16 +16,14 @@ from scheduler_svc.core import (
     create_request_queue,
 )
 from scheduler_svc.core.policies import DeadlinePolicy, FairSharePolicy, TenantFairQueue
+from tests.factories import prompt, request
 
 
 def r(rid, n=10, priority=0, arrival=0.0, tenant=None, deadline=None, out=0, computed=0,
       min_tokens=0, max_tokens=64) -> Request:  # fmt: skip
-    params = SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens)
-    req = Request(rid, list(range(1, n + 1)), params,
-                  priority=priority, arrival_time=arrival, tenant=tenant, deadline=deadline,
-                  output_token_ids=[7] * out)  # fmt: skip
-    req.num_computed_tokens = computed
-    return req
+    return request(rid, prompt(n), max_tokens=max_tokens, min_tokens=min_tokens,
+                   priority=priority, arrival=arrival, tenant=tenant, deadline=deadline,
+                   out=[7] * out, computed=computed)  # fmt: skip
 
 
 def drain(q) -> list[str]:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from common.pb import worker_link_pb2 as pb
-from scheduler_svc.core import Request, RequestStatus, SamplingParams, Scheduler, SchedulerConfig
+from scheduler_svc.core import Request, RequestStatus, SamplingParams, Scheduler
 from scheduler_svc.core.preemption_cost import PreemptionCostModel, WorkerCosts
+from tests.factories import request, scheduler_factory
 
 # bs 16, 256 KiB per block, 1 GB/s, 2 ms per copy; prefill 0.1 ms/token + attention 5e-8 s
 # per token per context token: recompute(T) = 1e-4 T + 5e-8 T^2 / 2 (short contexts cheap),
@@ -22,18 +23,23 @@ COSTS = WorkerCosts(
 )
 
 
-def make(**kw) -> Scheduler:
-    cfg = dict(max_num_batched_tokens=2048, max_num_seqs=8, block_size=16, num_blocks=64,
-               max_model_len=2048, policy="priority", preemption_mode="auto",
-               num_host_blocks=64, worker_costs=COSTS, watermark=0.0)  # fmt: skip
-    cfg.update(kw)
-    return Scheduler(SchedulerConfig(**cfg))
+make = scheduler_factory(
+    max_num_batched_tokens=2048,
+    max_num_seqs=8,
+    block_size=16,
+    num_blocks=64,
+    max_model_len=2048,
+    policy="priority",
+    preemption_mode="auto",
+    num_host_blocks=64,
+    worker_costs=COSTS,
+    watermark=0.0,
+)
 
 
 def req(rid, n, priority=0, arrival=0.0, base=0) -> Request:
-    return Request(rid, [base + i % 900 + 3 for i in range(n)],
-                   SamplingParams(max_tokens=500, ignore_eos=True), priority=priority,
-                   arrival_time=arrival)  # fmt: skip
+    tokens = [base + i % 900 + 3 for i in range(n)]
+    return request(rid, tokens, max_tokens=500, ignore_eos=True, priority=priority, arrival=arrival)
 
 
 def step(s: Scheduler):

@@ -10,7 +10,6 @@ from scheduler_svc.core import (
     FIFORequestQueue,
     KeyedRequestQueue,
     Request,
-    SamplingParams,
     Scheduler,
     SchedulerConfig,
     SchedulingPolicy,
@@ -20,16 +19,11 @@ from scheduler_svc.core import (
     register_policy,
     unregister_policy,
 )
+from tests.factories import prompt, request
 
 
 def r(rid: str, priority: int = 0, arrival: float = 0.0, n: int = 1) -> Request:
-    return Request(
-        rid,
-        list(range(1, n + 1)),
-        SamplingParams(max_tokens=4),
-        priority=priority,
-        arrival_time=arrival,
-    )
+    return request(rid, prompt(n), max_tokens=4, priority=priority, arrival=arrival)
 
 
 def ids(q) -> list[str]:

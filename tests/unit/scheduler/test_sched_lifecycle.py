@@ -2,36 +2,27 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from scheduler_svc.core import (
     FinishReason,
-    Request,
     RequestStatus,
-    SamplingParams,
     Scheduler,
-    SchedulerConfig,
+)
+from tests.factories import request, scheduler_factory
+
+make = scheduler_factory(
+    max_num_batched_tokens=16,
+    max_num_seqs=8,
+    block_size=4,
+    num_blocks=32,
+    watermark=0.0,
+    max_model_len=64,
 )
 
-
-def make(**kw) -> Scheduler:
-    base = dict(
-        max_num_batched_tokens=16,
-        max_num_seqs=8,
-        block_size=4,
-        num_blocks=32,
-        watermark=0.0,
-        max_model_len=64,
-    )
-    base.update(kw)
-    return Scheduler(SchedulerConfig(**base))
-
-
-def req(rid, prompt, eos=None, arrival=0.0, **params) -> Request:
-    params.setdefault("max_tokens", 20)
-    return Request(
-        rid, list(prompt), SamplingParams(**params), arrival_time=arrival, eos_token_id=eos
-    )
+req = functools.partial(request, max_tokens=20)
 
 
 def run(s: Scheduler, tokens: dict[str, list[int]], max_steps: int = 100):

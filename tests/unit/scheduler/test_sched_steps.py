@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 from scheduler_svc.core import (
@@ -10,37 +11,23 @@ from scheduler_svc.core import (
     RequestStatus,
     SamplingParams,
     Scheduler,
-    SchedulerConfig,
     SchedulerOutput,
 )
+from tests.factories import request, scheduler_factory
 
 _tok = itertools.count(1000)
 
 
-def make(**kw) -> Scheduler:
-    base = dict(
-        max_num_batched_tokens=16,
-        max_num_seqs=8,
-        block_size=4,
-        num_blocks=64,
-        watermark=0.0,
-        max_model_len=256,
-    )
-    base.update(kw)
-    return Scheduler(SchedulerConfig(**base))
+make = scheduler_factory(
+    max_num_batched_tokens=16,
+    max_num_seqs=8,
+    block_size=4,
+    num_blocks=64,
+    watermark=0.0,
+    max_model_len=256,
+)
 
-
-def req(
-    rid: str, prompt, max_tokens: int = 50, priority: int = 0, arrival: float = 0.0, **params
-) -> Request:
-    return Request(
-        request_id=rid,
-        prompt_token_ids=list(prompt),
-        sampling_params=SamplingParams(max_tokens=max_tokens, **params),
-        priority=priority,
-        arrival_time=arrival,
-        eos_token_id=None,
-    )
+req = functools.partial(request, max_tokens=50)
 
 
 def sample_for(s: Scheduler, out: SchedulerOutput) -> dict[str, list[int]]:

@@ -15,14 +15,11 @@ from scheduler_svc.core import (
     SchedulerConfigError,
     validate_sampling_params,
 )
+from tests.factories import scheduler_factory
 
-
-def make(**kw) -> Scheduler:
-    base = dict(
-        max_num_batched_tokens=512, max_num_seqs=8, block_size=16, num_blocks=64, max_model_len=2048
-    )
-    base.update(kw)
-    return Scheduler(SchedulerConfig(**base))
+make = scheduler_factory(
+    max_num_batched_tokens=512, max_num_seqs=8, block_size=16, num_blocks=64, max_model_len=2048
+)
 
 
 def reject(s: Scheduler, request: Request) -> str:

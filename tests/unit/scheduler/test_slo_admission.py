@@ -6,18 +6,20 @@ from __future__ import annotations
 import pytest
 
 from scheduler_svc.admission import Overloaded
-from scheduler_svc.core import Request, SamplingParams, Scheduler, SchedulerConfig
+from scheduler_svc.core import Request, Scheduler
 from scheduler_svc.slo import SloAdmission, StepTimeModel, ThrashMonitor, tokens_ahead
+from tests.factories import request, scheduler_factory
 
 
 def req(rid: str, n: int, priority: int = 0, arrival: float = 0.0) -> Request:
-    return Request(rid, [5] * n, SamplingParams(max_tokens=8), priority=priority,
-                   arrival_time=arrival)  # fmt: skip
+    return request(rid, [5] * n, max_tokens=8, priority=priority, arrival=arrival)
+
+
+_make = scheduler_factory(num_blocks=4096, max_model_len=4096)
 
 
 def sched(policy: str = "fcfs", budget: int = 256) -> Scheduler:
-    return Scheduler(SchedulerConfig(max_num_batched_tokens=budget, num_blocks=4096,
-                                     max_model_len=4096, policy=policy))  # fmt: skip
+    return _make(max_num_batched_tokens=budget, policy=policy)
 
 
 class Log:
