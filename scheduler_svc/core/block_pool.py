@@ -84,6 +84,8 @@ class FreeBlockQueue:
 
     def _unlink(self, block: KVCacheBlock) -> None:
         prev, nxt = block.prev_free, block.next_free
+        # a queued block always has both neighbours (the sentinels bound the list); callers
+        # check membership, so this hot path does not test for None again
         prev.next_free = nxt  # type: ignore[union-attr]
         nxt.prev_free = prev  # type: ignore[union-attr]
         block.prev_free = block.next_free = None

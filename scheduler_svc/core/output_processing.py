@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from common.messages import SchedulerOutput
@@ -42,6 +42,7 @@ class OutputProcessorMixin:
         preempted since keeps the token it sampled (it is valid output); outputs for requests
         aborted or finished since, or re-admitted after the step, are dropped."""
         record = self._inflight.pop(out.step_id, None)
+        triples: Iterable[tuple[Request | None, int, bool]]  # (request, tokens, sampled?)
         if record is not None:
             triples = zip(*record, strict=True)
         else:  # not a step of ours (e.g. rebuilt from the wire): look running requests up

@@ -135,8 +135,9 @@ class PriorityPolicy(SchedulingPolicy):
 
     name = "priority"
 
-    def key(self, request: Request) -> tuple[int, float]:
-        return (request.priority, request.arrival_time)  # type: ignore[return-value]
+    # (float: the aging variant's first element is a priority plus an aging bonus)
+    def key(self, request: Request) -> tuple[float, float]:
+        return (request.priority, request.arrival_time)
 
     def victim_key(self, request: Request) -> tuple[int]:
         return (request.priority,)

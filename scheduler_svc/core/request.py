@@ -34,7 +34,7 @@ class Request:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
     priority: int = 0  # lower value = more important
-    arrival_time: float | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
     eos_token_id: int | None = None
     tenant: str | None = None
     deadline: float | None = None  # absolute time.monotonic() deadline, policy hint
@@ -58,7 +58,7 @@ class Request:
     block_hashes_block_size: int = 0  # the block size block_hashes were computed for
 
     def __post_init__(self) -> None:
-        if self.arrival_time is None:
+        if self.arrival_time is None:  # passed explicitly: stamped now, as by default
             self.arrival_time = time.monotonic()
         self.prompt_token_ids = list(self.prompt_token_ids)
         self.output_token_ids = list(self.output_token_ids)

@@ -65,7 +65,7 @@ class RequestQueue(ABC):
         entry = self._index.pop(request_id, None)
         if entry is None:
             return None
-        request = entry[-1]
+        request: Request = entry[-1]
         entry[-1] = None
         self._dead += 1
         if not self._index or (self._dead > _COMPACT_MIN and self._dead > len(self._index)):
@@ -121,7 +121,7 @@ class FIFORequestQueue(RequestQueue):
     def pop(self) -> Request:
         dq = self._dq
         while dq:
-            request = dq.popleft()[0]
+            request: Request | None = dq.popleft()[0]
             if request is not None:
                 del self._index[request.request_id]
                 if not self._index and self._dead:  # only tombstones left: drop them
@@ -134,7 +134,7 @@ class FIFORequestQueue(RequestQueue):
     def peek(self) -> Request | None:
         dq = self._dq
         while dq:
-            request = dq[0][0]
+            request: Request | None = dq[0][0]
             if request is not None:
                 return request
             dq.popleft()
@@ -173,7 +173,7 @@ class KeyedRequestQueue(RequestQueue):
             self.reorder()
         heap = self._heap
         while heap:
-            request = heapq.heappop(heap)[2]
+            request: Request | None = heapq.heappop(heap)[2]
             if request is not None:
                 del self._index[request.request_id]
                 if not self._index and self._dead:  # only tombstones left: drop them
@@ -188,7 +188,7 @@ class KeyedRequestQueue(RequestQueue):
             self.reorder()
         heap = self._heap
         while heap:
-            request = heap[0][2]
+            request: Request | None = heap[0][2]
             if request is not None:
                 return request
             heapq.heappop(heap)
@@ -218,5 +218,6 @@ def create_request_queue(policy: SchedulingPolicy | str) -> RequestQueue:
         policy = create_policy(policy)
     make_queue = getattr(policy, "make_queue", None)
     if make_queue is not None:  # a policy with its own queue structure (fair share)
-        return make_queue()
+        queue: RequestQueue = make_queue()
+        return queue
     return FIFORequestQueue(policy) if policy.fifo else KeyedRequestQueue(policy)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypeGuard
 
 from common.messages import SamplingParams
 from scheduler_svc.core.config import SchedulerConfig
@@ -13,20 +14,20 @@ from scheduler_svc.core.request import Request
 MAX_TOKEN_ID = 2**63 - 1  # token ids are hashed as int64
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _finite(name: str, value: object, hint: str) -> float:
     if not _is_number(value):
         raise RequestRejected(f"{name} must be a number ({hint}); got {value!r}")
-    if not math.isfinite(value):  # type: ignore[arg-type]
+    if not math.isfinite(value):
         raise RequestRejected(f"{name} must be a finite number ({hint}); got {value!r}")
-    return float(value)  # type: ignore[arg-type]
+    return float(value)
 
 
 def validate_sampling_params(params: SamplingParams) -> None:

@@ -54,7 +54,7 @@ class DeadlinePolicy(SchedulingPolicy):
         return now + self.min_time_left(request) <= d
 
     def key(self, request: Request) -> tuple[int, float, float]:
-        arrival: float = request.arrival_time  # type: ignore[assignment]
+        arrival = request.arrival_time
         d = request.deadline
         if d is None:
             return (1, arrival, arrival)

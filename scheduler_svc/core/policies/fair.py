@@ -64,10 +64,10 @@ class FairSharePolicy(SchedulingPolicy):
         self._live: dict[str, OrderedDict[str, Request]] = {}
         self._compact_at: dict[str, int] = {}
         # scheduled, unfinished requests: id -> [request, tokens charged, tokens computed]
-        self._open: dict[str, list] = {}
+        self._open: dict[str, list[Any]] = {}
         self._mean_output: dict[str, float] = {}  # tenant -> average output length (EWMA)
         # popped from a queue, not yet scheduled: id -> [request, expected tokens]
-        self._pending: dict[str, list] = {}
+        self._pending: dict[str, list[Any]] = {}
         self._pending_sum: dict[str, float] = {}  # tenant -> pending tokens
 
     # -- tenants ----------------------------------------------------------------------------
@@ -86,7 +86,7 @@ class FairSharePolicy(SchedulingPolicy):
     # -- SchedulingPolicy -------------------------------------------------------------------
     def key(self, request: Request) -> tuple[int, float]:
         """Order within one tenant."""
-        return (request.priority, request.arrival_time)  # type: ignore[return-value]
+        return (request.priority, request.arrival_time)
 
     def victim_key(self, request: Request) -> tuple[float]:
         return (self.vtime.get(self.tenant_of(request), 0.0),)

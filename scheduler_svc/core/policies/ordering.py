@@ -42,7 +42,7 @@ class SJFPolicy(SchedulingPolicy):
     name = "sjf"
 
     def key(self, request: Request) -> tuple[float, float]:
-        return (remaining_tokens(request), request.arrival_time)  # type: ignore[return-value]
+        return (remaining_tokens(request), request.arrival_time)
 
     def victim_key(self, request: Request) -> tuple[int]:
         return (remaining_prompt(request),)
@@ -58,7 +58,7 @@ class SJFAgingPolicy(SJFPolicy):
         self.aging_rate = _rate(aging_rate, "prompt tokens per second waited")
 
     def key(self, request: Request) -> tuple[float, float]:
-        arrival: float = request.arrival_time  # type: ignore[assignment]
+        arrival = request.arrival_time
         return (remaining_tokens(request) + self.aging_rate * arrival, arrival)
 
 
@@ -72,6 +72,6 @@ class PriorityAgingPolicy(PriorityPolicy):
     def __init__(self, aging_rate: float = 0.1) -> None:
         self.aging_rate = _rate(aging_rate, "priority levels per second waited")
 
-    def key(self, request: Request) -> tuple[float, float]:  # type: ignore[override]
-        arrival: float = request.arrival_time  # type: ignore[assignment]
+    def key(self, request: Request) -> tuple[float, float]:
+        arrival = request.arrival_time
         return (request.priority + self.aging_rate * arrival, arrival)
