@@ -1,7 +1,11 @@
+from pathlib import Path
+
 import pytest
 
 from common.client import SplitserveClient
 from tests.e2e.procs import Cluster
+
+HERE = Path(__file__).resolve().parent
 
 WORKER_FLAGS = ("--num-gpu-blocks", "192", "--block-size", "16")
 SCHEDULER_FLAGS = (
@@ -14,6 +18,14 @@ SCHEDULER_FLAGS = (
     "--worker-wait-timeout",
     "2",
 )
+
+
+def pytest_collection_modifyitems(items):
+    """Every test under tests/e2e/ is marked e2e (a new module that forgets its pytestmark too),
+    so `make test-fast` (-m "not slow and not e2e") never starts a cluster."""
+    for item in items:
+        if HERE in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(scope="module")
