@@ -18,8 +18,12 @@ import torch
 from torch import nn
 
 from worker_svc import cpu_caps, packed_gemm
-from worker_svc.fast_linear import NativePackedLinear, PackedLinear, TransposedLinear
-from worker_svc.fast_linear import packing_available
+from worker_svc.fast_linear import (
+    NativePackedLinear,
+    PackedLinear,
+    TransposedLinear,
+    packing_available,
+)
 
 HIDDEN, INTERMEDIATE, KV = 576, 1536, 192
 LAYER_SHAPES = [(HIDDEN, HIDDEN), (HIDDEN, KV), (HIDDEN, KV), (HIDDEN, HIDDEN),
@@ -35,8 +39,8 @@ def kinds(dtype: torch.dtype) -> dict:
     if packing_available(dtype):
         out["packed (oneDNN)"] = PackedLinear
     if gemm is not None:
-        out[f"native-packed ({cpu_caps.capabilities().level})"] = (
-            lambda lin: NativePackedLinear(lin, gemm)
+        out[f"native-packed ({cpu_caps.capabilities().level})"] = lambda lin: NativePackedLinear(
+            lin, gemm
         )
     return out
 
