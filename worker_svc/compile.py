@@ -1,7 +1,7 @@
 """`--compile`: torch.compile the elementwise chains of each decoder layer.
 
-On the CPU a decode step of a small model spends a quarter of its time in short elementwise ops
-(an RMS norm is six of them, the gated MLP's activation and product two more), each paying a
+On the CPU a decode step of a small model spends a large share of its time in short elementwise
+ops (an RMS norm is six of them, the gated MLP's activation and product two more), each paying a
 dispatch and an OpenMP fork/join. Inductor fuses each chain into one loop. Compiled, with
 dynamic shapes so one graph serves every packed batch length:
 - every *RMSNorm module's forward;

@@ -1,13 +1,13 @@
 """A decoder's layers for a pure-decode step in one native call (csrc/decode_stack.c).
 
-The runner's layer loop (decoder_loop.py) spends ~140 us of Python per layer at decode sizes
+The runner's layer loop (decoder_loop.py) runs Python between the kernels of every layer
 (module calls, views, allocations, ctypes calls); the kernels it calls release the GIL, but the
-second OpenMP thread can only wait through that Python: ~5 ms of a 40 ms bfloat16 batch-64 step
-on two cores. Here the same kernels run in the same order with the same arguments from C, so
-the result is the loop's bits (tested against it), for the steps where every row decodes and
-every layer runs on the native kernels: float32 on the packed GEMM, bfloat16 on the AMX GEMMs
-(q/k/v and gate/up fused as in the loop), both with the native norms, rotary and decode
-attention. Any other step, a step under the torch profiler (so its ops show), or
+second OpenMP thread can only wait through that Python, and at decode sizes that wait is a
+noticeable share of a step. Here the same kernels run in the same order with the same arguments
+from C, so the result is the loop's bits (tested against it), for the steps where every row
+decodes and every layer runs on the native kernels: float32 on the packed GEMM, bfloat16 on the
+AMX GEMMs (q/k/v and gate/up fused as in the loop), both with the native norms, rotary and
+decode attention. Any other step, a step under the torch profiler (so its ops show), or
 `SPLITSERVE_DECODE_STACK=0`, keeps the Python loop.
 """
 

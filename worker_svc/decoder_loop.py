@@ -1,11 +1,11 @@
 """The runner's own loop over a Llama decoder's layers, in place of Hugging Face's forward.
 
 HF's forward reaches each layer's arithmetic through several Python layers (decorators, kwargs
-plumbing, module calls, views, the attention-interface lookup), a fixed cost per layer that at
-decode sizes on this CPU was ~2 ms of a 45 ms bfloat16 step (batch 64). This loop calls the same
-modules and kernels on the same weights in the same order, so its logits are HF's bits (tested
-against the HF forward in float32 and bfloat16), and it fuses two things the stock graph does
-apart, where the fusion keeps the bits:
+plumbing, module calls, views, the attention-interface lookup), a fixed cost per layer that
+is a noticeable part of a step at decode sizes, where the layers' arithmetic is small. This loop
+calls the same modules and kernels on the same weights in the same order, so its logits are HF's
+bits (tested against the HF forward in float32 and bfloat16), and it fuses two things the stock
+graph does apart, where the fusion keeps the bits:
 - a residual add and the next RMSNorm in one pass over the rows (fused_ops.add_rms_norm_);
 - q, k and v in one AMX GEMM at decode sizes, over one packed weight (the three projections'
   packed weights become views into it): each output column is summed as it was alone.

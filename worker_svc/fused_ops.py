@@ -3,9 +3,9 @@ fused_ops.c), swapped into the stock Hugging Face model as modules, as fast_line
 linears: the decoder layer's own forward code is untouched.
 
 In bfloat16 on a CPU with AMX, where both projections are fast_linear.AmxLinear, the gated MLP
-runs gate, up and the product in one kernel pass (worker_svc/amx_gemm.py; the projections'
-outputs are never written out): W64 bfloat16 686 vs 613 tok/s against oneDNN projections and
-the separate product, decode batch 64 55 vs 64 ms/step.
+runs gate, up and the product in one kernel pass (worker_svc/amx_gemm.py): the projections'
+outputs are never written out and read back, which two oneDNN projections and a separate
+product would do.
 
 Swapped only where the math is known to be the same: the RMSNorm and MLP classes listed below
 (Llama's formulas; Gemma's `1 + weight` norm, for one, is not among them), float32 or bfloat16

@@ -3,10 +3,9 @@
 glibc serves allocations above its mmap threshold (128 KiB at start, raised on its own to at
 most 32 MiB) with fresh mmap'd pages, and trims the top of the heap back to the kernel: then
 every large activation of a prefill step (q/k/v, the MLP's 1,536-wide products: several MiB
-per layer at 2,000 tokens) is page-faulted in again, 4 KiB at a time, on every step. Measured
-here on W64 (bench/worker_forward.py): prefill steps 14.9 s -> 11.0 s. A forward pass allocates
-the same sizes step after step, so the heap keeping and reusing its pages costs nothing more
-than the peak the worker reaches anyway.
+per layer at 2,000 tokens) is page-faulted in again, 4 KiB at a time, on every step, a large
+part of a prefill step's time. A forward pass allocates the same sizes step after step, so the
+heap keeping and reusing its pages costs nothing more than the peak the worker reaches anyway.
 """
 
 from __future__ import annotations

@@ -17,15 +17,12 @@ OMP_SPIN_COUNT = 300_000  # iterations an idle OpenMP thread spins before sleepi
 
 def main(link_cfg: WorkerLinkConfig, runner_cfg, sim_cfg: SimConfig | None = None) -> int:
     configure_logging(link_cfg.log_level, link_cfg.log_json)
-    # Idle OpenMP threads spin before they sleep. Fully passive waiting cost 1.6x (W64 bfloat16
-    # over gRPC: 184 vs 294 out tok/s), as every op then wakes sleeping threads. Before steps
-    # were received on their own thread, a long spin starved the link's receive thread when the
-    # cores are shared (5.9 s instead of 0.19 s per step on 2 cores), so the spin was cut to
-    # 20k iterations; with the reader thread, the long spin is the faster one (W64 bfloat16 over
-    # gRPC, scheduler, client and worker on 2 cores, alternating runs: 20k 6.77-6.96 s, 100k
-    # 6.60-6.79 s, 300k 6.51-6.56 s; float32 even). Set explicitly so that it does not depend
-    # on libgomp's default. Must be set before torch loads its OpenMP runtime; OMP_WAIT_POLICY
-    # or GOMP_SPINCOUNT set by the user win.
+    # Idle OpenMP threads spin before they sleep. Fully passive waiting is slower because every
+    # op then wakes sleeping threads. A long spin keeps them awake across the gaps between a
+    # step's ops. On shared cores it does not starve the link: its reader thread takes each step
+    # off the stream as it arrives, during the forward, not after it while the threads spin.
+    # Set explicitly so that it does not depend on libgomp's default. Must be set before torch
+    # loads its OpenMP runtime; OMP_WAIT_POLICY or GOMP_SPINCOUNT set by the user win.
     if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
         os.environ["GOMP_SPINCOUNT"] = str(OMP_SPIN_COUNT)
     if not link_cfg.worker_id:

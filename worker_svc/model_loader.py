@@ -1,8 +1,8 @@
 """Load a decoder-only Hugging Face model for the runner: device, dtype, converted-GGUF cache.
 
-A GGUF model is dequantized by transformers (`gguf_file=`), which takes ~16 s for SmolLM2; the
-float32 result is saved once as safetensors (with config and tokenizer files) under
-`ModelSource.converted_dir`, and every later load reads that directory (a second or two).
+A GGUF model is dequantized by transformers (`gguf_file=`), which is slow even for a small
+model; the float32 result is saved once as safetensors (with config and tokenizer files) under
+`ModelSource.converted_dir`, and every later load reads that directory, which is far quicker.
 """
 
 from __future__ import annotations

@@ -188,9 +188,8 @@ class ModelRunner:
 
     def warm_up(self, num_tokens: int) -> int:
         """One throwaway prefill of up to num_tokens tokens, finished at once. Without it the
-        first long step of a fresh worker paid for mapping its activations' pages (W64 over gRPC,
-        bfloat16: the first 2048-token step 490-580 ms, ~12k page faults; later ones ~340 ms).
-        Returns the tokens run."""
+        first long step of a fresh worker pays for page-faulting its activations' memory in,
+        which makes that step markedly slower than the ones after it. Returns the tokens run."""
         n = min(num_tokens, self.config.max_num_batched_tokens, self.max_model_len - 1,
                 self.num_blocks * self.block_size)  # fmt: skip
         if n <= 0:
