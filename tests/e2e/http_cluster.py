@@ -76,10 +76,13 @@ def shared_http_cluster(tmp_path_factory) -> HttpCluster:
     try:
         c.start_scheduler(
             *SCHEDULER_FLAGS,
-            "--http-port", str(http_port),
-            "--api-key", API_KEY,
-            "--worker-secret", WORKER_SECRET,
-        )  # fmt: skip
+            "--http-port",
+            str(http_port),
+            "--api-key",
+            API_KEY,
+            "--worker-secret",
+            WORKER_SECRET,
+        )
         c.start_worker("w0", *WORKER_FLAGS, "--worker-secret", WORKER_SECRET)
         with SplitserveClient(c.target, api_key=API_KEY) as client:
             client.wait_for_workers(1, timeout=240)

@@ -17,16 +17,27 @@ from tests.e2e.procs import Cluster, free_port
 pytestmark = [pytest.mark.e2e]
 VOCAB = 49152
 MAX_LEN = 512
-INVALID, NOT_FOUND, EXHAUSTED = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-                                 grpc.StatusCode.RESOURCE_EXHAUSTED)  # fmt: skip
+INVALID, NOT_FOUND, EXHAUSTED = (
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+)
 
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory):
     c = Cluster(tmp_path_factory.mktemp("corpus"))
     http_port = free_port()
-    c.start_scheduler("--http-port", str(http_port), "--max-model-len", str(MAX_LEN),
-                      "--tenants", "alpha,beta", "--max-message-bytes", str(1 << 20))  # fmt: skip
+    c.start_scheduler(
+        "--http-port",
+        str(http_port),
+        "--max-model-len",
+        str(MAX_LEN),
+        "--tenants",
+        "alpha,beta",
+        "--max-message-bytes",
+        str(1 << 20),
+    )
     c.start_worker("w", "--simulate", "--sim-step-base-ms", "2")
     with SplitserveClient(c.target, timeout=30) as client:
         client.wait_for_workers(1, timeout=60)
@@ -130,13 +141,17 @@ def raw_generate(cluster, payload: bytes):
         return list(call(payload, timeout=10))
 
 
-@pytest.mark.parametrize("payload", [
-    b"\xff\xff\xff\xff",  # not protobuf at all
-    b"\x12\x05ab",  # a length that runs past the end
-    b"\x12\x02\xc3\x28",  # text field with invalid UTF-8
-    b"\x1a\x03\x08\x01",  # token_ids (message) with a truncated inner field
-    b"\x38" + b"\xff" * 11,  # priority varint longer than 10 bytes
-], ids=["garbage", "truncated", "invalid-utf8", "bad-nested", "overlong-varint"])  # fmt: skip
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xff\xff\xff\xff",  # not protobuf at all
+        b"\x12\x05ab",  # a length that runs past the end
+        b"\x12\x02\xc3\x28",  # text field with invalid UTF-8
+        b"\x1a\x03\x08\x01",  # token_ids (message) with a truncated inner field
+        b"\x38" + b"\xff" * 11,  # priority varint longer than 10 bytes
+    ],
+    ids=["garbage", "truncated", "invalid-utf8", "bad-nested", "overlong-varint"],
+)
 def test_malformed_protobuf_is_refused(system, payload):
     cluster, client, _ = system
     with pytest.raises(grpc.RpcError) as err:
@@ -148,8 +163,9 @@ def test_malformed_protobuf_is_refused(system, payload):
 
 def test_control_characters_and_odd_unicode_are_served(system):
     _, client, _ = system
-    result = client.generate("\x00\x01\x1b[31m\u202e\ufeff tab\there", max_tokens=3,
-                             ignore_eos=True)  # fmt: skip
+    result = client.generate(
+        "\x00\x01\x1b[31m\u202e\ufeff tab\there", max_tokens=3, ignore_eos=True
+    )
     assert result.finish_reason == "length" and len(result.token_ids) == 3
     assert_healthy(client)
 

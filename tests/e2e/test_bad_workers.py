@@ -21,16 +21,23 @@ pytestmark = [pytest.mark.e2e]
 @pytest.fixture
 def cluster(tmp_path):
     c = Cluster(tmp_path)
-    c.start_scheduler("--worker-secret", "s3cret", "--worker-timeout", "3",
-                      "--max-migrations", "5")  # fmt: skip
+    c.start_scheduler("--worker-secret", "s3cret", "--worker-timeout", "3", "--max-migrations", "5")
     yield c
     c.stop_all()
 
 
 def register(**overrides) -> pb.WorkerMessage:
-    fields = dict(worker_id="rogue", model="SmolLM2-135M-Instruct", block_size=16,
-                  num_device_blocks=64, num_host_blocks=0, max_model_len=2048,
-                  vocab_size=49152, eos_token_id=2, secret="s3cret")  # fmt: skip
+    fields = dict(
+        worker_id="rogue",
+        model="SmolLM2-135M-Instruct",
+        block_size=16,
+        num_device_blocks=64,
+        num_host_blocks=0,
+        max_model_len=2048,
+        vocab_size=49152,
+        eos_token_id=2,
+        secret="s3cret",
+    )
     fields.update(overrides)
     return pb.WorkerMessage(register=pb.Register(**fields))
 
@@ -47,14 +54,17 @@ def connect(cluster, first: pb.WorkerMessage):
     return channel, outbox, pb_grpc.WorkerLinkStub(channel).Connect(messages())
 
 
-@pytest.mark.parametrize("overrides,code,needle", [
-    (dict(secret="wrong"), grpc.StatusCode.UNAUTHENTICATED, "secret"),
-    (dict(num_device_blocks=0), grpc.StatusCode.INVALID_ARGUMENT, "no KV cache blocks"),
-    (dict(block_size=0), grpc.StatusCode.INVALID_ARGUMENT, "block size"),
-    (dict(num_device_blocks=10**9), grpc.StatusCode.INVALID_ARGUMENT, "impossible"),
-    (dict(max_model_len=1), grpc.StatusCode.INVALID_ARGUMENT, "max_model_len"),
-    (dict(model="other-model"), grpc.StatusCode.INVALID_ARGUMENT, "serves model"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "overrides,code,needle",
+    [
+        (dict(secret="wrong"), grpc.StatusCode.UNAUTHENTICATED, "secret"),
+        (dict(num_device_blocks=0), grpc.StatusCode.INVALID_ARGUMENT, "no KV cache blocks"),
+        (dict(block_size=0), grpc.StatusCode.INVALID_ARGUMENT, "block size"),
+        (dict(num_device_blocks=10**9), grpc.StatusCode.INVALID_ARGUMENT, "impossible"),
+        (dict(max_model_len=1), grpc.StatusCode.INVALID_ARGUMENT, "max_model_len"),
+        (dict(model="other-model"), grpc.StatusCode.INVALID_ARGUMENT, "serves model"),
+    ],
+)
 def test_bad_registration_is_refused(cluster, overrides, code, needle):
     channel, outbox, call = connect(cluster, register(**overrides))
     with pytest.raises(grpc.RpcError) as err:

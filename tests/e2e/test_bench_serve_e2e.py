@@ -14,11 +14,28 @@ from tests.e2e.procs import ROOT
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 KEYS = {
-    "backend", "target", "model", "num_prompts", "completed", "failed", "errors", "duration_s",
-    "request_rate", "max_concurrency", "total_input_tokens", "total_output_tokens",
-    "request_throughput", "output_throughput", "total_token_throughput", "ttft_ms", "tpot_ms",
-    "itl_ms", "e2e_ms", "config", "requests",
-}  # fmt: skip
+    "backend",
+    "target",
+    "model",
+    "num_prompts",
+    "completed",
+    "failed",
+    "errors",
+    "duration_s",
+    "request_rate",
+    "max_concurrency",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "ttft_ms",
+    "tpot_ms",
+    "itl_ms",
+    "e2e_ms",
+    "config",
+    "requests",
+}
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +46,27 @@ def cluster(tmp_path_factory):
 def bench(tmp_path, *args: str) -> tuple[dict, str]:
     out = tmp_path / "result.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "splitserve.cli", "bench", "serve", "--api-key", API_KEY,
-         "--num-prompts", "16", "--ignore-eos", "--no-progress", "--json", str(out), *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "splitserve.cli",
+            "bench",
+            "serve",
+            "--api-key",
+            API_KEY,
+            "--num-prompts",
+            "16",
+            "--ignore-eos",
+            "--no-progress",
+            "--json",
+            str(out),
+            *args,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(out.read_text()), proc.stdout
 
@@ -40,9 +74,18 @@ def bench(tmp_path, *args: str) -> tuple[dict, str]:
 def test_bench_serve_grpc_fixed_lengths(cluster, tmp_path):
     plot = tmp_path / "plot.png"
     res, table = bench(
-        tmp_path, "--backend", "grpc", "--target", cluster.target,
-        "--input-len", "24", "--output-len", "4", "--plot", str(plot),
-    )  # fmt: skip
+        tmp_path,
+        "--backend",
+        "grpc",
+        "--target",
+        cluster.target,
+        "--input-len",
+        "24",
+        "--output-len",
+        "4",
+        "--plot",
+        str(plot),
+    )
     assert KEYS <= set(res)
     assert res["completed"] == 16 and res["failed"] == 0, res["errors"]
     assert res["total_input_tokens"] == 16 * 24
@@ -59,10 +102,24 @@ def test_bench_serve_grpc_fixed_lengths(cluster, tmp_path):
 
 def test_bench_serve_openai_poisson_with_length_distributions(cluster, tmp_path):
     res, _ = bench(
-        tmp_path, "--backend", "openai", "--base-url", cluster.base_url + "/v1",
-        "--input-len", "24", "--input-dist", "lognormal", "--output-len", "4",
-        "--output-dist", "uniform", "--request-rate", "40", "--max-concurrency", "8",
-    )  # fmt: skip
+        tmp_path,
+        "--backend",
+        "openai",
+        "--base-url",
+        cluster.base_url + "/v1",
+        "--input-len",
+        "24",
+        "--input-dist",
+        "lognormal",
+        "--output-len",
+        "4",
+        "--output-dist",
+        "uniform",
+        "--request-rate",
+        "40",
+        "--max-concurrency",
+        "8",
+    )
     assert KEYS <= set(res)
     assert res["completed"] == 16 and res["failed"] == 0, res["errors"]
     assert res["model"] == "SmolLM2-135M-Instruct"

@@ -49,18 +49,29 @@ def in_process():
     )
     assert runner.forward_path == "decoder-loop+decode-stack"
     ids = [load_tokenizer(None).encode(p) for p in PROMPTS]
-    outs = generate_in_process(ids, max_tokens=MAX_TOKENS, runner=runner,
-                               max_num_batched_tokens=int(BUDGET))  # fmt: skip
+    outs = generate_in_process(
+        ids, max_tokens=MAX_TOKENS, runner=runner, max_num_batched_tokens=int(BUDGET)
+    )
     return dict(zip(PROMPTS, outs, strict=True))
 
 
 @pytest.fixture(scope="module")
 def bf16_client(tmp_path_factory, in_process):
     c = Cluster(tmp_path_factory.mktemp("bf16-cluster"))
-    c.start_scheduler("--max-num-batched-tokens", BUDGET, "--max-num-seqs", "32",
-                      "--max-model-len", "1024")  # fmt: skip
-    c.start_worker("w0", "--dtype", "bfloat16", "--num-threads", "2",
-                   "--num-gpu-blocks", "192", "--block-size", "16")  # fmt: skip
+    c.start_scheduler(
+        "--max-num-batched-tokens", BUDGET, "--max-num-seqs", "32", "--max-model-len", "1024"
+    )
+    c.start_worker(
+        "w0",
+        "--dtype",
+        "bfloat16",
+        "--num-threads",
+        "2",
+        "--num-gpu-blocks",
+        "192",
+        "--block-size",
+        "16",
+    )
     try:
         with SplitserveClient(c.target, timeout=120) as client:
             client.wait_for_workers(1, timeout=240)

@@ -49,7 +49,7 @@ def chromium(tmp_path, url: str, *mode: str) -> subprocess.CompletedProcess:
             "--virtual-time-budget=4000",
             *mode,
             url,
-        ],  # fmt: skip
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -63,10 +63,15 @@ def load(cluster, n: int = 6) -> None:
         httpx.post(
             cluster.url("/v1/completions"),
             headers=AUTH,
-            json={"prompt": "Tell me about scheduling. " * (1 + 3 * i), "max_tokens": 6 + 2 * i,
-                  "temperature": 0.7, "seed": i, "ignore_eos": True},
+            json={
+                "prompt": "Tell me about scheduling. " * (1 + 3 * i),
+                "max_tokens": 6 + 2 * i,
+                "temperature": 0.7,
+                "seed": i,
+                "ignore_eos": True,
+            },
             timeout=120,
-        )  # fmt: skip
+        )
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in threads:

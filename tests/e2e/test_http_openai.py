@@ -108,12 +108,20 @@ def test_chat_equals_grpc_chat_streamed_and_not(oai, model, grpc_greedy):
 def test_stop_string_and_seeded_sampling(oai, model, grpc_greedy):
     expected, _ = grpc_greedy
     assert "." in expected.text
-    r = oai.completions.create(model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0,
-                               stop=["."])  # fmt: skip
+    r = oai.completions.create(
+        model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, stop=["."]
+    )
     assert r.choices[0].text == expected.text.split(".")[0]
     assert r.choices[0].finish_reason == "stop"
-    kwargs = dict(model=model, prompt=PROMPT, max_tokens=4, temperature=1.0, seed=7, top_p=0.9,
-                  extra_body={"top_k": 20, "min_p": 0.01, "repetition_penalty": 1.1})  # fmt: skip
+    kwargs = dict(
+        model=model,
+        prompt=PROMPT,
+        max_tokens=4,
+        temperature=1.0,
+        seed=7,
+        top_p=0.9,
+        extra_body={"top_k": 20, "min_p": 0.01, "repetition_penalty": 1.1},
+    )
     assert oai.completions.create(**kwargs).choices[0].text == (
         oai.completions.create(**kwargs).choices[0].text
     )
@@ -148,8 +156,14 @@ def test_errors_have_openai_status_codes(cluster, oai, model):
 
 
 def test_client_disconnect_mid_stream_frees_its_blocks(cluster, model):
-    payload = {"model": model, "prompt": "Tell me a long story.", "max_tokens": 300,
-               "temperature": 0, "stream": True, "ignore_eos": True}  # fmt: skip
+    payload = {
+        "model": model,
+        "prompt": "Tell me a long story.",
+        "max_tokens": 300,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     with httpx.Client(timeout=120) as http:
         with http.stream("POST", cluster.url("/v1/completions"), json=payload, headers=AUTH) as r:
             assert r.status_code == 200

@@ -22,11 +22,29 @@ from worker_svc.sim_runner import sim_next_token
 pytestmark = [pytest.mark.e2e]
 
 VOCAB = 49152
-SIM = ("--simulate", "--sim-step-base-ms", "15", "--sim-num-blocks", "2048", "--heartbeat-interval",
-       "0.3")  # fmt: skip
-SCHED = ("--max-num-seqs", "16", "--worker-queue-depth", "4", "--max-num-batched-tokens", "512",
-         "--worker-timeout", "2", "--worker-wait-timeout", "20",
-         "--max-migrations", "5")  # fmt: skip
+SIM = (
+    "--simulate",
+    "--sim-step-base-ms",
+    "15",
+    "--sim-num-blocks",
+    "2048",
+    "--heartbeat-interval",
+    "0.3",
+)
+SCHED = (
+    "--max-num-seqs",
+    "16",
+    "--worker-queue-depth",
+    "4",
+    "--max-num-batched-tokens",
+    "512",
+    "--worker-timeout",
+    "2",
+    "--worker-wait-timeout",
+    "20",
+    "--max-migrations",
+    "5",
+)
 
 
 def expected(prompt: list[int], n: int) -> list[int]:
@@ -163,8 +181,9 @@ def test_stream_interval_through_a_worker_loss(tmp_path):
 
     def one(client, i: int) -> None:
         try:
-            for msg in client.stream(token_ids=plist[i], max_tokens=40, temperature=0.0,
-                                     ignore_eos=True):  # fmt: skip
+            for msg in client.stream(
+                token_ids=plist[i], max_tokens=40, temperature=0.0, ignore_eos=True
+            ):
                 if msg.token_ids:
                     sizes[i].append(len(msg.token_ids))
                     tokens[i].extend(msg.token_ids)

@@ -36,10 +36,14 @@ def test_metrics_move_with_requests_on_both_protocols(cluster):
         r = httpx.post(
             cluster.url("/v1/completions"),
             headers=AUTH,
-            json={"prompt": f"Count to {n}:", "max_tokens": n, "temperature": 0,
-                  "ignore_eos": True},
+            json={
+                "prompt": f"Count to {n}:",
+                "max_tokens": n,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
             timeout=120,
-        )  # fmt: skip
+        )
         assert r.status_code == 200, r.text
     with cluster.grpc_client() as client:
         result = client.generate("Hello there", max_tokens=2, temperature=0.0, ignore_eos=True)
@@ -68,8 +72,12 @@ def test_metrics_move_with_requests_on_both_protocols(cluster):
     assert after["splitserve:num_requests_swapped{worker=w0}"] == 0
     assert after["splitserve:kv_cache_usage_perc{worker=w0}"] == 0.0
     assert after["splitserve:kv_cache_blocks_total{worker=w0}"] == 192
-    for name in ("num_preemptions_total", "prefix_cache_queries_total",
-                 "prefix_cache_hits_total", "recomputed_tokens_total"):  # fmt: skip
+    for name in (
+        "num_preemptions_total",
+        "prefix_cache_queries_total",
+        "prefix_cache_hits_total",
+        "recomputed_tokens_total",
+    ):
         assert f"splitserve:{name}{{worker=w0}}" in after, name
     assert delta("splitserve:prefix_cache_queries_total{worker=w0}") > 0
     # histograms are cumulative: the +Inf bucket equals the count
@@ -81,8 +89,13 @@ def test_metrics_move_with_requests_on_both_protocols(cluster):
 
 def test_kv_usage_and_running_gauges_move_while_a_request_runs(cluster):
     cluster.wait_idle()
-    payload = {"prompt": "Write a long poem about the sea.", "max_tokens": 200,
-               "temperature": 0, "stream": True, "ignore_eos": True}  # fmt: skip
+    payload = {
+        "prompt": "Write a long poem about the sea.",
+        "max_tokens": 200,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     with httpx.stream(
         "POST", cluster.url("/v1/completions"), json=payload, headers=AUTH, timeout=120
     ) as r:

@@ -20,8 +20,9 @@ CLIENTS = 1000
 
 async def one(stub, i: int, max_tokens: int) -> tuple[str, float]:
     started = time.monotonic()
-    request = build_request(token_ids=[3 + i % 500, 7, 9, 11], max_tokens=max_tokens,
-                            ignore_eos=True, temperature=0.0)  # fmt: skip
+    request = build_request(
+        token_ids=[3 + i % 500, 7, 9, 11], max_tokens=max_tokens, ignore_eos=True, temperature=0.0
+    )
     tokens = 0
     try:
         async for msg in stub.Generate(request, timeout=120):
@@ -45,8 +46,9 @@ async def storm(target: str) -> list[tuple[str, float]]:
 def test_thousand_concurrent_streams(tmp_path):
     c = Cluster(tmp_path)
     try:
-        sched = c.start_scheduler("--max-waiting-requests", "100", "--max-num-seqs", "64",
-                                  "--worker-queue-depth", "32")  # fmt: skip
+        sched = c.start_scheduler(
+            "--max-waiting-requests", "100", "--max-num-seqs", "64", "--worker-queue-depth", "32"
+        )
         for w in ("o0", "o1"):
             c.start_worker(w, "--simulate", "--sim-step-base-ms", "30")
         from common.client import SplitserveClient

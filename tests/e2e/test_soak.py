@@ -33,8 +33,16 @@ def test_soak_with_faults(tmp_path):
     failures: list[str] = []
     stop = threading.Event()
     try:
-        c.start_scheduler("--worker-timeout", "1.5", "--max-migrations", "20",
-                          "--worker-wait-timeout", "60", "--max-num-seqs", "32")  # fmt: skip
+        c.start_scheduler(
+            "--worker-timeout",
+            "1.5",
+            "--max-migrations",
+            "20",
+            "--worker-wait-timeout",
+            "60",
+            "--max-num-seqs",
+            "32",
+        )
         procs = {w: c.start_worker(w, *SIM) for w in WORKERS}
         client = SplitserveClient(c.target, timeout=180)
         client.wait_for_workers(len(WORKERS), timeout=60)
@@ -48,8 +56,9 @@ def test_soak_with_faults(tmp_path):
                 tokens: list[int] = []
                 finish = None
                 try:
-                    for msg in client.stream(token_ids=prompt, max_tokens=max_tokens,
-                                             temperature=0.0, ignore_eos=True):  # fmt: skip
+                    for msg in client.stream(
+                        token_ids=prompt, max_tokens=max_tokens, temperature=0.0, ignore_eos=True
+                    ):
                         tokens.extend(msg.token_ids)
                         finish = msg.finish_reason or finish
                 except grpc.RpcError as exc:

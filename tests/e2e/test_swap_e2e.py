@@ -25,8 +25,16 @@ MAX_TOKENS = 24
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     c = Cluster(tmp_path_factory.mktemp("swap"))
-    c.start_scheduler("--preemption-mode", "swap", "--max-num-seqs", "8",
-                      "--max-num-batched-tokens", "128", "--max-model-len", "512")  # fmt: skip
+    c.start_scheduler(
+        "--preemption-mode",
+        "swap",
+        "--max-num-seqs",
+        "8",
+        "--max-num-batched-tokens",
+        "128",
+        "--max-model-len",
+        "512",
+    )
     # 20 blocks of 16 = 320 tokens; six requests of ~40 + 24 tokens need ~400 together
     c.start_worker("w0", "--num-gpu-blocks", "20", "--num-host-blocks", "64")
     try:
@@ -46,8 +54,9 @@ def prompts() -> list[list[int]]:
 
 
 def run(client: SplitserveClient, prompt: list[int]) -> list[int]:
-    result = client.generate(token_ids=prompt, max_tokens=MAX_TOKENS, temperature=0.0,
-                             ignore_eos=True)  # fmt: skip
+    result = client.generate(
+        token_ids=prompt, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True
+    )
     assert result.finish_reason == "length"
     return result.token_ids
 

@@ -35,20 +35,47 @@ def test_tls_client_api_and_mutual_tls_worker_link(tmp_path):
     try:
         http_port = free_port()
         c.start_scheduler(
-            "--http-port", str(http_port),
-            "--tls-cert-file", server_cert, "--tls-key-file", server_key,
-            "--worker-tls-cert-file", server_cert, "--worker-tls-key-file", server_key,
-            "--worker-tls-ca-file", ca.cert_file,
-        )  # fmt: skip
-        good = c.start_worker("good", *SIM, "--tls-ca-file", ca.cert_file,
-                              "--tls-cert-file", worker_cert, "--tls-key-file", worker_key,
-                              "--tls-server-name", "localhost")  # fmt: skip
-        rogue = c.start_worker("rogue", *SIM, "--tls-ca-file", ca.cert_file,
-                               "--tls-cert-file", rogue_cert, "--tls-key-file", rogue_key,
-                               "--tls-server-name", "localhost")  # fmt: skip
+            "--http-port",
+            str(http_port),
+            "--tls-cert-file",
+            server_cert,
+            "--tls-key-file",
+            server_key,
+            "--worker-tls-cert-file",
+            server_cert,
+            "--worker-tls-key-file",
+            server_key,
+            "--worker-tls-ca-file",
+            ca.cert_file,
+        )
+        good = c.start_worker(
+            "good",
+            *SIM,
+            "--tls-ca-file",
+            ca.cert_file,
+            "--tls-cert-file",
+            worker_cert,
+            "--tls-key-file",
+            worker_key,
+            "--tls-server-name",
+            "localhost",
+        )
+        rogue = c.start_worker(
+            "rogue",
+            *SIM,
+            "--tls-ca-file",
+            ca.cert_file,
+            "--tls-cert-file",
+            rogue_cert,
+            "--tls-key-file",
+            rogue_key,
+            "--tls-server-name",
+            "localhost",
+        )
         plain = c.start_worker("plain", *SIM)  # no TLS at all
-        with SplitserveClient(c.target, timeout=30, tls_ca_file=ca.cert_file,
-                              tls_server_name="localhost") as client:  # fmt: skip
+        with SplitserveClient(
+            c.target, timeout=30, tls_ca_file=ca.cert_file, tls_server_name="localhost"
+        ) as client:
             wait_workers(client, 1)
             time.sleep(1.5)  # give the refused workers time to (fail to) attach
             assert [w.worker_id for w in client.server_info().workers] == ["good"]
@@ -77,8 +104,9 @@ def test_tls_client_api_and_mutual_tls_worker_link(tmp_path):
 def test_queue_bound_refuses_at_once_with_resource_exhausted(tmp_path):
     c = Cluster(tmp_path)
     try:
-        c.start_scheduler("--max-waiting-requests", "4", "--max-num-seqs", "2",
-                          "--worker-queue-depth", "1")  # fmt: skip
+        c.start_scheduler(
+            "--max-waiting-requests", "4", "--max-num-seqs", "2", "--worker-queue-depth", "1"
+        )
         c.start_worker("w", "--simulate", "--sim-step-base-ms", "40")
         with SplitserveClient(c.target, timeout=60) as client:
             wait_workers(client, 1)
@@ -119,8 +147,9 @@ def test_queue_bound_refuses_at_once_with_resource_exhausted(tmp_path):
 def test_tenant_rate_limit_and_unknown_tenant(tmp_path):
     c = Cluster(tmp_path)
     try:
-        c.start_scheduler("--tenant-rate-limit", "1", "--tenant-burst", "2",
-                          "--tenants", "alpha:3,beta:1")  # fmt: skip
+        c.start_scheduler(
+            "--tenant-rate-limit", "1", "--tenant-burst", "2", "--tenants", "alpha:3,beta:1"
+        )
         c.start_worker("w", *SIM)
         with SplitserveClient(c.target, timeout=60) as client:
             wait_workers(client, 1)

@@ -19,11 +19,31 @@ def test_up_starts_and_stops_everything(tmp_path):
     port, worker_port = free_port(), free_port()
     log = open(tmp_path / "up.log", "wb")
     up = subprocess.Popen(
-        [sys.executable, "-m", "splitserve.cli", "up", "--workers", "2", "--host", "127.0.0.1",
-         "--port", str(port), "--worker-port", str(worker_port), "--http-port", "0",
-         "--api-key", "sekrit", "--worker-secret", "w-sekrit", "--worker-arg=--simulate"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "splitserve.cli",
+            "up",
+            "--workers",
+            "2",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--worker-port",
+            str(worker_port),
+            "--http-port",
+            "0",
+            "--api-key",
+            "sekrit",
+            "--worker-secret",
+            "w-sekrit",
+            "--worker-arg=--simulate",
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         with SplitserveClient(f"127.0.0.1:{port}", api_key="sekrit", timeout=30) as client:
             info = client.wait_for_workers(2, timeout=90)

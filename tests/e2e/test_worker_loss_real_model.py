@@ -51,8 +51,16 @@ def run_all(client: SplitserveClient, on_progress=None) -> dict[int, tuple[str, 
 def test_kill_9_real_worker_keeps_every_request_and_its_text(tmp_path):
     c = Cluster(tmp_path)
     try:
-        c.start_scheduler("--max-model-len", "1024", "--max-num-seqs", "4",
-                          "--worker-queue-depth", "1", "--worker-timeout", "10")  # fmt: skip
+        c.start_scheduler(
+            "--max-model-len",
+            "1024",
+            "--max-num-seqs",
+            "4",
+            "--worker-queue-depth",
+            "1",
+            "--worker-timeout",
+            "10",
+        )
         procs = {w: c.start_worker(w, *WORKER_FLAGS) for w in ("m0", "m1", "m2")}
         with SplitserveClient(c.target, timeout=600) as client:
             client.wait_for_workers(3, timeout=300)

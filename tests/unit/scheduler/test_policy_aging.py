@@ -19,8 +19,9 @@ def trace() -> list[TraceRequest]:
 
 
 def long_ttft(policy: str, **options) -> float:
-    settings = SimSettings(policy=policy, policy_options=options, max_num_batched_tokens=128,
-                           max_num_seqs=4)  # fmt: skip
+    settings = SimSettings(
+        policy=policy, policy_options=options, max_num_batched_tokens=128, max_num_seqs=4
+    )
     res = simulate(settings, trace(), COST)
     assert all(r.finish is not None for r in res.records)
     (long,) = [r for r in res.records if r.request_id == "long"]
@@ -43,9 +44,14 @@ def test_priority_aging_lets_a_low_priority_request_through():
     low = TraceRequest("low", 0.5, 32, 4, priority=3)
     settings = dict(max_num_batched_tokens=128, max_num_seqs=4)
     plain = simulate(SimSettings(policy="priority", **settings), [*shorts, low], COST)
-    aged = simulate(SimSettings(policy="priority-aging", policy_options={"aging_rate": 1.0},
-                                **settings), [*shorts, low], COST)  # fmt: skip
-    ttft = {res.settings.policy: next(r.ttft for r in res.records if r.request_id == "low")
-            for res in (plain, aged)}  # fmt: skip
+    aged = simulate(
+        SimSettings(policy="priority-aging", policy_options={"aging_rate": 1.0}, **settings),
+        [*shorts, low],
+        COST,
+    )
+    ttft = {
+        res.settings.policy: next(r.ttft for r in res.records if r.request_id == "low")
+        for res in (plain, aged)
+    }
     assert ttft["priority"] > STREAM_S
     assert ttft["priority-aging"] < 3 / 1.0 + 1.5

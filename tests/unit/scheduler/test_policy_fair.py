@@ -84,10 +84,16 @@ def test_idle_tenant_share_goes_to_the_other_and_it_returns_without_credit():
 
 def test_fair_share_in_the_simulator_with_two_workers():
     cost = StepCostModel(base_s=0.01, per_token_s=1e-4, per_ctx_token_s=0.0, per_seq_s=0.0)
-    trace = [TraceRequest(f"{t}{i}", i * 0.01, 64, 64, tenant=t) for i in range(400)
-             for t in ("a", "b")]  # fmt: skip
-    settings = SimSettings(policy="fair", policy_options={"weights": {"a": 10, "b": 1}},
-                           num_workers=2, max_num_seqs=16, max_num_batched_tokens=256)  # fmt: skip
+    trace = [
+        TraceRequest(f"{t}{i}", i * 0.01, 64, 64, tenant=t) for i in range(400) for t in ("a", "b")
+    ]
+    settings = SimSettings(
+        policy="fair",
+        policy_options={"weights": {"a": 10, "b": 1}},
+        num_workers=2,
+        max_num_seqs=16,
+        max_num_batched_tokens=256,
+    )
     res = simulate(settings, trace, cost)
     shares = res.tenant_tokens_contended
     assert 9.0 <= shares["a"] / shares["b"] <= 11.0, shares

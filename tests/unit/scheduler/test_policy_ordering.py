@@ -19,11 +19,30 @@ from scheduler_svc.core.policies import DeadlinePolicy, FairSharePolicy, TenantF
 from tests.factories import prompt, request
 
 
-def r(rid, n=10, priority=0, arrival=0.0, tenant=None, deadline=None, out=0, computed=0,
-      min_tokens=0, max_tokens=64) -> Request:  # fmt: skip
-    return request(rid, prompt(n), max_tokens=max_tokens, min_tokens=min_tokens,
-                   priority=priority, arrival=arrival, tenant=tenant, deadline=deadline,
-                   out=[7] * out, computed=computed)  # fmt: skip
+def r(
+    rid,
+    n=10,
+    priority=0,
+    arrival=0.0,
+    tenant=None,
+    deadline=None,
+    out=0,
+    computed=0,
+    min_tokens=0,
+    max_tokens=64,
+) -> Request:
+    return request(
+        rid,
+        prompt(n),
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        priority=priority,
+        arrival=arrival,
+        tenant=tenant,
+        deadline=deadline,
+        out=[7] * out,
+        computed=computed,
+    )
 
 
 def drain(q) -> list[str]:
@@ -58,8 +77,13 @@ def test_all_policies_registered_and_options_filtered():
 
 
 def test_sjf_shortest_remaining_prompt_first():
-    q = fill("sjf", r("long", 300), r("short", 20, arrival=5), r("mid", 100, arrival=1),
-             r("tie_late", 20, arrival=9))  # fmt: skip
+    q = fill(
+        "sjf",
+        r("long", 300),
+        r("short", 20, arrival=5),
+        r("mid", 100, arrival=1),
+        r("tie_late", 20, arrival=9),
+    )
     # a preempted request recomputes its prompt and its output: 30 + 40 = 70
     q.prepend(r("preempted", 30, out=40, arrival=0.5))
     assert drain(q) == ["short", "tie_late", "preempted", "mid", "long"]
@@ -85,8 +109,13 @@ def test_sjf_aging_waiting_time_buys_rank():
 
 
 def test_priority_and_priority_aging():
-    reqs = lambda: [r("low_old", priority=5, arrival=0.0), r("high_new", priority=0, arrival=40.0),  # noqa: E731
-                    r("mid", priority=2, arrival=10.0)]  # fmt: skip
+    def reqs():
+        return [
+            r("low_old", priority=5, arrival=0.0),
+            r("high_new", priority=0, arrival=40.0),
+            r("mid", priority=2, arrival=10.0),
+        ]
+
     assert drain(fill("priority", *reqs())) == ["high_new", "mid", "low_old"]
     # 0.25 levels per second: low_old (5 + 0) beats high_new (0 + 10) and mid (2 + 2.5)
     p = create_policy("priority-aging", aging_rate=0.25)
@@ -95,8 +124,11 @@ def test_priority_and_priority_aging():
 
 def test_priority_victim_prefers_a_markedly_cheaper_loss_among_equal_priority():
     p = create_policy("priority")
-    running = [r("cheap_old", priority=1, arrival=0.0), r("dear_new", priority=1, arrival=5.0),
-               r("important", priority=0, arrival=9.0)]  # fmt: skip
+    running = [
+        r("cheap_old", priority=1, arrival=0.0),
+        r("dear_new", priority=1, arrival=5.0),
+        r("important", priority=0, arrival=9.0),
+    ]
     waste = {"cheap_old": 1.0, "dear_new": 10.0, "important": 0.1}
     assert p.select_victim(running, lambda x: waste[x.request_id]) == 0
     waste["cheap_old"] = 8.0  # within the tolerance: the latest arrival, as vLLM
@@ -109,12 +141,14 @@ def test_deadline_edf_then_best_effort_and_hopeless_demoted():
     p = DeadlinePolicy(prefill_s_per_token=0.01, decode_s_per_token=0.1)
     now = [100.0]
     p.clock = lambda: now[0]
-    q = fill(p,
-             r("late", 10, arrival=0, deadline=150.0),
-             r("soon", 10, arrival=1, deadline=120.0),
-             r("none", 10, arrival=2),
-             r("hopeless", 50, arrival=3, deadline=100.2),  # needs 0.5 + 0.1 s: cannot make it
-             r("tight", 10, arrival=4, deadline=100.5))  # fmt: skip
+    q = fill(
+        p,
+        r("late", 10, arrival=0, deadline=150.0),
+        r("soon", 10, arrival=1, deadline=120.0),
+        r("none", 10, arrival=2),
+        r("hopeless", 50, arrival=3, deadline=100.2),  # needs 0.5 + 0.1 s: cannot make it
+        r("tight", 10, arrival=4, deadline=100.5),
+    )
     assert [x.request_id for x in q] == ["tight", "soon", "late", "none", "hopeless"]
     assert p.min_time_left(r("x", 10, min_tokens=3)) == pytest.approx(0.1 + 0.3)
     # time passes: "tight" can no longer make it (needs 0.2 s); refresh demotes it and every
@@ -130,8 +164,11 @@ def test_deadline_edf_then_best_effort_and_hopeless_demoted():
 def test_deadline_victim_best_effort_first_then_latest_deadline():
     p = DeadlinePolicy()
     p.clock = lambda: 0.0
-    running = [r("d10", deadline=10.0, computed=10), r("d50", deadline=50.0, computed=10),
-               r("d20", deadline=20.0, computed=10)]  # fmt: skip
+    running = [
+        r("d10", deadline=10.0, computed=10),
+        r("d50", deadline=50.0, computed=10),
+        r("d20", deadline=20.0, computed=10),
+    ]
     assert p.select_victim(running) == 1
     running.append(r("none", computed=10))
     assert p.select_victim(running) == 3

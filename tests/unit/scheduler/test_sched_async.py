@@ -56,9 +56,15 @@ def run_pipelined(workload, depth: int = 2) -> None:
         for spec in by_arrival.get(step, []):
             alone, _ = run_alone(spec.prompt, [], spec.params, spec.eos, length_limit)
             prior = alone[: spec.migrated] if spec.migrated < len(alone) else []
-            request = Request(spec.rid, spec.prompt, spec.params, priority=spec.priority,
-                              arrival_time=float(step), eos_token_id=spec.eos,
-                              output_token_ids=prior)  # fmt: skip
+            request = Request(
+                spec.rid,
+                spec.prompt,
+                spec.params,
+                priority=spec.priority,
+                arrival_time=float(step),
+                eos_token_id=spec.eos,
+                output_token_ids=prior,
+            )
             try:
                 s.add_request(request)
             except RequestRejected:
@@ -66,8 +72,7 @@ def run_pipelined(workload, depth: int = 2) -> None:
                 continue
             accepted[spec.rid] = spec
             worker.prompt_lens[spec.rid] = len(spec.prompt)
-            reference[spec.rid] = run_alone(spec.prompt, prior, spec.params, spec.eos,
-                                            length_limit)  # fmt: skip
+            reference[spec.rid] = run_alone(spec.prompt, prior, spec.params, spec.eos, length_limit)
             got[spec.rid] = list(prior)
         for rid, spec in accepted.items():
             if spec.abort_at == step and rid not in reasons and s.abort_request(rid):
@@ -117,8 +122,11 @@ def test_pipelined_random_workloads_under_memory_pressure(workload):
 
 
 def test_decode_is_scheduled_ahead_with_a_placeholder():
-    s = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, block_size=4,
-                                  num_blocks=16, max_model_len=64))  # fmt: skip
+    s = Scheduler(
+        SchedulerConfig(
+            max_num_batched_tokens=64, max_num_seqs=4, block_size=4, num_blocks=16, max_model_len=64
+        )
+    )
     s.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True)))
     first = s.schedule()  # prefill, samples token 1
     second = s.schedule()  # before the first returns: decode the placeholder
@@ -128,8 +136,7 @@ def test_decode_is_scheduled_ahead_with_a_placeholder():
     third = s.schedule()  # the third token is the last one: scheduled too
     assert third.num_scheduled_tokens == {"a": 1}
     assert s.schedule().num_scheduled_tokens == {}  # max_tokens reached by placeholders
-    outs = [s.update_from_output(o, {"a": [t]}) for o, t in ((first, 7), (second, 8),
-                                                              (third, 9))]  # fmt: skip
+    outs = [s.update_from_output(o, {"a": [t]}) for o, t in ((first, 7), (second, 8), (third, 9))]
     assert [o[0].new_token_ids for o in outs] == [[7], [8], [9]]
     assert outs[-1][0].finish_reason is FinishReason.LENGTH
     assert s.schedule().finished_req_ids == {"a"}

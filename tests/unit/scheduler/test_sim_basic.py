@@ -20,15 +20,29 @@ from scheduler_svc.sim import (
 from splitserve.cli import main as cli_main
 
 COST = StepCostModel(
-    base_s=0.01, per_token_s=1e-4, per_ctx_token_s=1e-7, per_seq_s=1e-4,
-    swap_bytes_per_s=1e9, swap_latency_s=1e-3, kv_bytes_per_block=1 << 20,
-)  # fmt: skip
+    base_s=0.01,
+    per_token_s=1e-4,
+    per_ctx_token_s=1e-7,
+    per_seq_s=1e-4,
+    swap_bytes_per_s=1e9,
+    swap_latency_s=1e-3,
+    kv_bytes_per_block=1 << 20,
+)
 
 
 def test_trace_poisson_long_tailed_tenants_priorities_deadlines():
-    tc = TraceConfig(num_requests=2000, request_rate=20.0, prompt_median=200, prompt_sigma=1.0,
-                     prompt_max=4000, tenants={"a": 3, "b": 1}, priorities=(0, 1, 2),
-                     deadline_base_s=1.0, deadline_per_output_s=0.05, seed=3)  # fmt: skip
+    tc = TraceConfig(
+        num_requests=2000,
+        request_rate=20.0,
+        prompt_median=200,
+        prompt_sigma=1.0,
+        prompt_max=4000,
+        tenants={"a": 3, "b": 1},
+        priorities=(0, 1, 2),
+        deadline_base_s=1.0,
+        deadline_per_output_s=0.05,
+        seed=3,
+    )
     trace = make_trace(tc)
     assert trace == make_trace(tc)  # deterministic
     gaps = [b.arrival - a.arrival for a, b in zip(trace, trace[1:], strict=False)]
@@ -82,8 +96,16 @@ def test_simulation_is_deterministic_fast_and_complete():
 
 
 def test_swap_and_two_workers_and_slo_refusals_in_the_simulator():
-    trace = make_trace(TraceConfig(num_requests=80, request_rate=40.0, prompt_median=300,
-                                   prompt_max=1500, output_median=200, seed=2))  # fmt: skip
+    trace = make_trace(
+        TraceConfig(
+            num_requests=80,
+            request_rate=40.0,
+            prompt_median=300,
+            prompt_max=1500,
+            output_median=200,
+            seed=2,
+        )
+    )
     small = dict(num_blocks=120, max_model_len=1900)
     rec = simulate(SimSettings(**small), trace, COST)
     swap = simulate(SimSettings(preemption_mode="swap", num_host_blocks=400, **small), trace, COST)
@@ -100,15 +122,32 @@ def test_swap_and_two_workers_and_slo_refusals_in_the_simulator():
 
 def test_cli_prints_a_table_and_writes_json_and_a_png(tmp_path, capsys):
     out_json, out_png = tmp_path / "sim.json", tmp_path / "ttft.png"
-    rc = cli_main([
-        "sim", "--scenario", "policies", "--policies", "fcfs,sjf,fair", "--num-requests", "80",
-        "--json", str(out_json), "--plot", str(out_png),
-    ])  # fmt: skip
+    rc = cli_main(
+        [
+            "sim",
+            "--scenario",
+            "policies",
+            "--policies",
+            "fcfs,sjf,fair",
+            "--num-requests",
+            "80",
+            "--json",
+            str(out_json),
+            "--plot",
+            str(out_png),
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "TTFT p50/p90/p99" in printed and "fair" in printed
     rows = json.loads(out_json.read_text())
     assert [r["label"] for r in rows] == ["fcfs", "sjf", "fair"]
-    assert {"ttft_p99_s", "tpot_p50_ms", "preemptions", "recomputed_tokens", "tenant_shares",
-            "output_tok_s"} <= set(rows[0])  # fmt: skip
+    assert {
+        "ttft_p99_s",
+        "tpot_p50_ms",
+        "preemptions",
+        "recomputed_tokens",
+        "tenant_shares",
+        "output_tok_s",
+    } <= set(rows[0])
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

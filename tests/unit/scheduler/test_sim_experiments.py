@@ -15,9 +15,16 @@ import pytest
 from scheduler_svc.sim import StepCostModel, simulate, summarize
 from scheduler_svc.sim.scenarios import build_runs
 
-COST = StepCostModel(base_s=0.005, per_token_s=5e-5, per_ctx_token_s=2e-8, per_seq_s=1e-4,
-                     swap_bytes_per_s=2e10, swap_latency_s=1e-4, kv_bytes_per_block=1 << 20,
-                     name="test")  # fmt: skip
+COST = StepCostModel(
+    base_s=0.005,
+    per_token_s=5e-5,
+    per_ctx_token_s=2e-8,
+    per_seq_s=1e-4,
+    swap_bytes_per_s=2e10,
+    swap_latency_s=1e-4,
+    kv_bytes_per_block=1 << 20,
+    name="test",
+)
 
 
 def run(name: str, num_requests: int = 300, seed: int = 0):

@@ -41,8 +41,9 @@ def test_fixed_uniform_and_lognormal_lengths():
 
 
 def test_synthetic_prompts_have_exact_lengths_and_a_shared_prefix():
-    ns = args("--num-prompts", "8", "--input-len", "20", "--output-len", "5",
-              "--shared-prefix-len", "4")  # fmt: skip
+    ns = args(
+        "--num-prompts", "8", "--input-len", "20", "--output-len", "5", "--shared-prefix-len", "4"
+    )
     reqs = synthetic_requests(ns, list(range(100, 200)))
     assert [len(r.prompt_token_ids) for r in reqs] == [24] * 8
     assert all(r.max_tokens == 5 for r in reqs)
@@ -61,12 +62,10 @@ def test_percentiles_interpolate_like_numpy():
 def test_summary_and_table():
     ns = args("--backend", "grpc", "--max-concurrency", "2")
     results = [
-        RequestResult(ok=True, prompt_len=10, output_len=5, ttft=0.1, e2e=0.5,
-                      itl=[0.1] * 4),
-        RequestResult(ok=True, prompt_len=10, output_len=3, ttft=0.2, e2e=0.4,
-                      itl=[0.1] * 2),
+        RequestResult(ok=True, prompt_len=10, output_len=5, ttft=0.1, e2e=0.5, itl=[0.1] * 4),
+        RequestResult(ok=True, prompt_len=10, output_len=3, ttft=0.2, e2e=0.4, itl=[0.1] * 2),
         RequestResult(ok=False, error="UNAVAILABLE: no worker", prompt_len=10),
-    ]  # fmt: skip
+    ]
     res = summarize(ns, "m", results, 2.0)
     assert res["completed"] == 2 and res["failed"] == 1
     assert res["errors"] == ["UNAVAILABLE: no worker"]

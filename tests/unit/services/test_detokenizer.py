@@ -64,8 +64,10 @@ def test_byte_table_equals_the_tokenizer_on_random_sequences(real_tok):
     assert len(partial) > 100  # byte tokens that are pieces of multi-byte characters
     for skip in (True, False):
         for _ in range(60):
-            ids = [rng.choice(partial) if rng.random() < 0.3 else rng.randrange(real_tok.vocab_size)
-                   for _ in range(rng.randrange(1, 40))]  # fmt: skip
+            ids = [
+                rng.choice(partial) if rng.random() < 0.3 else rng.randrange(real_tok.vocab_size)
+                for _ in range(rng.randrange(1, 40))
+            ]
             detok = IncrementalDetokenizer.for_prompt(real_tok, [], skip, [])
             text, i = "", 0
             while i < len(ids):

@@ -185,8 +185,10 @@ def test_stream_interval_groups_tokens_through_a_migration(interval):
         engine = make_engine(stream_interval=interval)
         dying = engine.attach(registration("dying"), FakeWorker(fail_at_step=5))
         healthy = engine.attach(registration("healthy"), FakeWorker())
-        tasks = [asyncio.create_task(run_session(engine, dying)),
-                 asyncio.create_task(engine.run_worker(healthy))]  # fmt: skip
+        tasks = [
+            asyncio.create_task(run_session(engine, dying)),
+            asyncio.create_task(engine.run_worker(healthy)),
+        ]
         states = [make_state(f"r{i}", [7, 8, 9, i], 11) for i in range(4)]
         results = await submit_and_drain(engine, states)
         for state, (tokens, deltas) in zip(states, results, strict=True):

@@ -31,8 +31,9 @@ from scheduler_svc.core import (
 )
 from scheduler_svc.intake import Intake
 
-SETTINGS = settings(max_examples=300, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+SETTINGS = settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +42,9 @@ def intake():
     return Intake(tok, tok.name, {tok.name}, max_model_len=256)
 
 
-CORE_CFG = SchedulerConfig(max_num_batched_tokens=128, max_num_seqs=8, block_size=16,
-                           num_blocks=32, max_model_len=256)  # fmt: skip
+CORE_CFG = SchedulerConfig(
+    max_num_batched_tokens=128, max_num_seqs=8, block_size=16, num_blocks=32, max_model_len=256
+)
 
 
 def build_or_reject(intake: Intake, request: gen_pb.GenerateRequest) -> None:
@@ -89,12 +91,13 @@ def generate_requests(draw):
     if kind == "text":
         request.text = draw(st.text(max_size=300))
     elif kind == "ids":
-        request.token_ids.ids.extend(draw(st.lists(st.integers(-(2**63), 2**63 - 1),
-                                                   max_size=300)))  # fmt: skip
+        request.token_ids.ids.extend(draw(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=300)))
     elif kind == "chat":
         for _ in range(draw(st.integers(0, 3))):
-            request.chat.messages.add(role=draw(st.sampled_from(["user", "system", "x", ""])),
-                                      content=draw(st.text(max_size=50)))  # fmt: skip
+            request.chat.messages.add(
+                role=draw(st.sampled_from(["user", "system", "x", ""])),
+                content=draw(st.text(max_size=50)),
+            )
     s = request.sampling
     for name in (
         "temperature",
@@ -132,19 +135,29 @@ def scheduler_outputs(draw):
     for rid in ids:
         n = draw(st.integers(0, 50))
         if draw(st.booleans()):
-            out.new_requests.append(NewRequestData(
-                rid, draw(st.lists(st.integers(0, 2**31), min_size=1, max_size=20)),
-                SamplingParams(max_tokens=draw(st.integers(1, 100)),
-                               temperature=draw(st.floats(0, 2)),
-                               seed=draw(st.none() | st.integers(-(2**63), 2**63 - 1))),
-                draw(st.lists(st.integers(0, 2**31), max_size=5)), draw(st.integers(0, 100)),
-                draw(st.lists(st.integers(0, 2**31), max_size=5)),
-            ))  # fmt: skip
+            out.new_requests.append(
+                NewRequestData(
+                    rid,
+                    draw(st.lists(st.integers(0, 2**31), min_size=1, max_size=20)),
+                    SamplingParams(
+                        max_tokens=draw(st.integers(1, 100)),
+                        temperature=draw(st.floats(0, 2)),
+                        seed=draw(st.none() | st.integers(-(2**63), 2**63 - 1)),
+                    ),
+                    draw(st.lists(st.integers(0, 2**31), max_size=5)),
+                    draw(st.integers(0, 100)),
+                    draw(st.lists(st.integers(0, 2**31), max_size=5)),
+                )
+            )
         else:
-            out.cached_requests.append(CachedRequestData(
-                rid, draw(st.lists(st.integers(0, 2**31), max_size=3)),
-                draw(st.integers(0, 2**31)), draw(st.booleans()),
-            ))  # fmt: skip
+            out.cached_requests.append(
+                CachedRequestData(
+                    rid,
+                    draw(st.lists(st.integers(0, 2**31), max_size=3)),
+                    draw(st.integers(0, 2**31)),
+                    draw(st.booleans()),
+                )
+            )
         if n:
             out.num_scheduled_tokens[rid] = n
     out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())
@@ -199,6 +212,7 @@ def test_step_result_round_trip():
     handles = HandleTable()
     handle = handles.assign("req")
     result = encode_step_result(3, {str(handle): [42]})
-    sampled, _ = decode_step_result(wl_pb.StepResult.FromString(result.SerializeToString()),
-                                    handles)  # fmt: skip
+    sampled, _ = decode_step_result(
+        wl_pb.StepResult.FromString(result.SerializeToString()), handles
+    )
     assert sampled == {"req": [42]}

@@ -336,12 +336,19 @@ def test_client_disconnect_mid_stream_drops_the_request():
                 hang_up.set()
 
         scope = {
-            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": "1.1", "method": "POST", "scheme": "http", "path": "/v1/completions",
-            "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/v1/completions",
+            "raw_path": b"/v1/completions",
+            "query_string": b"",
+            "root_path": "",
             "headers": [(b"content-type", b"application/json")],
-            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
-        }  # fmt: skip
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 2),
+        }
         await asyncio.wait_for(app(scope, receive, send), 10)
         for _ in range(100):
             if not ctx.engine.requests:

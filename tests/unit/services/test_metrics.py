@@ -23,9 +23,15 @@ def values(obs: MetricsObserver) -> dict:
 
 def state(rid="r", prompt=5, arrival=100.0):
     return SimpleNamespace(
-        request_id=rid, prompt_token_ids=[1] * prompt, output_token_ids=[], arrival_time=arrival,
-        first_token_time=None, last_token_time=None, finish_time=None, finish_reason=None,
-    )  # fmt: skip
+        request_id=rid,
+        prompt_token_ids=[1] * prompt,
+        output_token_ids=[],
+        arrival_time=arrival,
+        first_token_time=None,
+        last_token_time=None,
+        finish_time=None,
+        finish_reason=None,
+    )
 
 
 def deliver(obs, st, n, now):
@@ -41,10 +47,12 @@ def test_request_lifecycle_counts():
     obs.on_request_accepted(st)
     obs.on_step(
         SimpleNamespace(worker_id="w0"),
-        SimpleNamespace(new_requests=[SimpleNamespace(request_id="r")],
-                        total_num_scheduled_tokens=5),
-        SimpleNamespace(forward_time_s=0.01), 0.02,
-    )  # fmt: skip
+        SimpleNamespace(
+            new_requests=[SimpleNamespace(request_id="r")], total_num_scheduled_tokens=5
+        ),
+        SimpleNamespace(forward_time_s=0.01),
+        0.02,
+    )
     for i in range(4):
         deliver(obs, st, 1, 101.0 + i * 0.1)
     st.finish_reason, st.finish_time = FinishReason.LENGTH, 101.5
@@ -101,8 +109,10 @@ def test_observer_group_forwards_every_hook_even_new_ones():
 def test_tokens_batch_counts_exactly_as_one_call_per_request():
     """The engine reports a step's deliveries at once; every value moves as with on_tokens."""
     one, batch = MetricsObserver(), MetricsObserver()
-    states = {o: [state(f"r{i}", prompt=3 + i, arrival=99.0 + i / 10) for i in range(5)]
-              for o in (one, batch)}  # fmt: skip
+    states = {
+        o: [state(f"r{i}", prompt=3 + i, arrival=99.0 + i / 10) for i in range(5)]
+        for o in (one, batch)
+    }
     steps = [  # (time, [(request index, tokens)]): requests join late, one migrates (gap)
         (100.0, [(0, 1), (1, 1)]),
         (100.03, [(0, 1), (1, 1), (2, 3)]),

@@ -82,8 +82,9 @@ def test_grpc_set_priority_status_codes():
         service = GenerationService(engine, intake=None)
         submit(engine, "a", 1)
         submit(engine, "b", 2)
-        reply = await service.SetPriority(pb.SetPriorityRequest(request_id="b", priority=0),
-                                          FakeContext())  # fmt: skip
+        reply = await service.SetPriority(
+            pb.SetPriorityRequest(request_id="b", priority=0), FakeContext()
+        )
         assert isinstance(reply, pb.SetPriorityResponse)
         assert order(engine.waiting) == ["b", "a"]
         with pytest.raises(Aborted) as info:
@@ -92,8 +93,9 @@ def test_grpc_set_priority_status_codes():
         session = engine.attach(registration("w"), FakeWorker())
         session.scheduler.schedule()
         with pytest.raises(Aborted) as info:
-            await service.SetPriority(pb.SetPriorityRequest(request_id="a", priority=0),
-                                      FakeContext())  # fmt: skip
+            await service.SetPriority(
+                pb.SetPriorityRequest(request_id="a", priority=0), FakeContext()
+            )
         assert info.value.args[0] == grpc.StatusCode.FAILED_PRECONDITION
 
     asyncio.run(main())

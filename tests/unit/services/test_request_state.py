@@ -100,14 +100,24 @@ def test_push_token_streams_what_push_tokens_streams(stop, table):
         items = []
         while not s.queue.empty():
             d = s.queue.get_nowait()
-            items.append((d.token_ids, d.text, d.finish_reason, d.stop_reason,
-                          d.num_output_tokens, d.worker_id))  # fmt: skip
+            items.append(
+                (
+                    d.token_ids,
+                    d.text,
+                    d.finish_reason,
+                    d.stop_reason,
+                    d.num_output_tokens,
+                    d.worker_id,
+                )
+            )
         deltas.append(items)
     assert deltas[0] == deltas[1] and deltas[0]
     assert fast.output_token_ids == general.output_token_ids
     assert (fast.first_token_time, fast.last_token_time, fast.finish_reason) == (
-        general.first_token_time, general.last_token_time, general.finish_reason,
-    )  # fmt: skip
+        general.first_token_time,
+        general.last_token_time,
+        general.finish_reason,
+    )
     if stop:
         assert fast.finish_reason is not None  # "lo w" in "Hello world"
         assert len(deltas[0]) < len(ids)  # nothing streamed after the stop

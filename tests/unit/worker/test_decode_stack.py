@@ -36,10 +36,18 @@ def llama_hd64_dir(tmp_path_factory):
 
     torch.manual_seed(1)
     config = LlamaConfig(
-        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, vocab_size=512, max_position_embeddings=512,
-        initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-    )  # fmt: skip
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=512,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     path = tmp_path_factory.mktemp("llama-hd64")
     LlamaForCausalLM(config).save_pretrained(path)
     return path
@@ -66,7 +74,7 @@ def runner_for(path, dtype="bfloat16", blocks=512, block_size=4):
             block_size=block_size,
             num_gpu_blocks=blocks,
             num_threads=2,
-        )  # fmt: skip
+        )
     )
 
 
@@ -124,8 +132,9 @@ def test_reads_the_live_weights(llama_hd64_dir):
 
 
 @needs_stack
-def test_off_by_environment_and_where_it_does_not_apply(llama_hd64_dir, tiny_llama_dir,
-                                                       monkeypatch):  # fmt: skip
+def test_off_by_environment_and_where_it_does_not_apply(
+    llama_hd64_dir, tiny_llama_dir, monkeypatch
+):
     assert runner_for(tiny_llama_dir).forward_path == "decoder-loop"  # head_dim 16: no rotary
     assert runner_for(llama_hd64_dir).forward_path == "decoder-loop+decode-stack"
     monkeypatch.setenv("SPLITSERVE_DECODE_STACK", "0")
@@ -156,8 +165,9 @@ def test_smollm2_decode_batch(dtype):
         ModelRunnerConfig(model=None, dtype=dtype, num_gpu_blocks=1024, num_threads=2)
     )
     counted(runner.decoder_loop.stack)
-    prompts = [[(i * 131 + j * 17) % 40000 + 100 for j in range(20 + (i * 53) % 280)]
-               for i in range(45)]  # fmt: skip
+    prompts = [
+        [(i * 131 + j * 17) % 40000 + 100 for j in range(20 + (i * 53) % 280)] for i in range(45)
+    ]
     got, want, used = stack_vs_loop(runner, prompts, chunk=40, decodes=4)
     assert 3 <= used < len(got)  # the pure-decode steps at the end, not the mixed ones
     for g, w in zip(got, want, strict=True):

@@ -55,8 +55,9 @@ def run_steps(runner: ModelRunner, prompts: list[list[int]], chunk: int, decodes
         while True:
             scheduled = {r: min(chunk, len(t) - computed[r]) for r, t in tokens.items()}
             scheduled = {r: n for r, n in scheduled.items() if n > 0}
-            if not scheduled or all(len(tokens[r]) - len(prompts[int(r[1:])]) >= decodes
-                                    for r in tokens):  # fmt: skip
+            if not scheduled or all(
+                len(tokens[r]) - len(prompts[int(r[1:])]) >= decodes for r in tokens
+            ):
                 break
             new = [
                 NewRequestData(r, tokens[r], GREEDY, blocks[r], 0, [])
@@ -64,8 +65,9 @@ def run_steps(runner: ModelRunner, prompts: list[list[int]], chunk: int, decodes
                 if r not in sent
             ]
             cached = [CachedRequestData(r, [], computed[r]) for r in scheduled if r in sent]
-            so = SchedulerOutput(new_requests=new, cached_requests=cached,
-                                 num_scheduled_tokens=scheduled)  # fmt: skip
+            so = SchedulerOutput(
+                new_requests=new, cached_requests=cached, num_scheduled_tokens=scheduled
+            )
             so.total_num_scheduled_tokens = sum(scheduled.values())
             out = runner.execute_model(so)
             sent.update(scheduled)
@@ -97,7 +99,7 @@ def test_logits_are_the_hf_forwards_bits(tiny_llama_dir, dtype):
     runner = ModelRunner(
         ModelRunnerConfig(
             model=str(tiny_llama_dir), dtype=dtype, block_size=4, num_gpu_blocks=64, num_threads=2
-        )  # fmt: skip
+        )
     )
     loop = runner.decoder_loop
     assert loop is not None and len(loop.layers) == 2

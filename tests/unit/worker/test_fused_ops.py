@@ -117,9 +117,13 @@ def test_silu_mul_over_the_float_range():
 
 def _tiny_llama(dtype=torch.float32):
     config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2,
-    )  # fmt: skip
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).to(dtype).eval()
 
@@ -283,8 +287,9 @@ def test_amx_gate_up_product_is_the_plain_gemm_then_the_silu_product(rows):
         pytest.skip("no AMX-BF16 on this machine")
     gen = torch.Generator().manual_seed(rows)
     hidden, inter = 576, 1536
-    gate, up = ((torch.randn(inter, hidden, generator=gen) * 0.05).to(torch.bfloat16)
-                for _ in range(2))  # fmt: skip
+    gate, up = (
+        (torch.randn(inter, hidden, generator=gen) * 0.05).to(torch.bfloat16) for _ in range(2)
+    )
     packed = amx.pack_gate_up(gate, up)
     x = torch.randn(rows, hidden, generator=gen).to(torch.bfloat16)
     pairs = amx(x, packed, 2 * inter, None).view(rows, inter // 16, 2, 16)

@@ -19,10 +19,17 @@ def runner(tiny_llama_dir):
     from worker_svc.config import ModelRunnerConfig
     from worker_svc.model_runner import ModelRunner
 
-    return ModelRunner(ModelRunnerConfig(
-        model=str(tiny_llama_dir), block_size=4, num_gpu_blocks=256, num_host_blocks=64,
-        max_num_seqs=16, max_num_batched_tokens=256, num_threads=1,
-    ))  # fmt: skip
+    return ModelRunner(
+        ModelRunnerConfig(
+            model=str(tiny_llama_dir),
+            block_size=4,
+            num_gpu_blocks=256,
+            num_host_blocks=64,
+            max_num_seqs=16,
+            max_num_batched_tokens=256,
+            num_threads=1,
+        )
+    )
 
 
 PROMPTS = [[random.Random(i).randrange(3, 512) for _ in range(8 + 3 * i)] for i in range(6)]
@@ -30,10 +37,16 @@ PROMPTS = [[random.Random(i).randrange(3, 512) for _ in range(8 + 3 * i)] for i 
 
 def generate(runner, mode: str, num_blocks: int, num_host_blocks: int = 0, costs=None):
     cfg = SchedulerConfig(
-        max_num_batched_tokens=32, max_num_seqs=6, block_size=4, num_blocks=num_blocks,
-        num_host_blocks=num_host_blocks, max_model_len=256, preemption_mode=mode,
-        worker_costs=costs, auto_swap_min_tokens=30,
-    )  # fmt: skip
+        max_num_batched_tokens=32,
+        max_num_seqs=6,
+        block_size=4,
+        num_blocks=num_blocks,
+        num_host_blocks=num_host_blocks,
+        max_model_len=256,
+        preemption_mode=mode,
+        worker_costs=costs,
+        auto_swap_min_tokens=30,
+    )
     engine = InProcessEngine(runner, cfg)
     params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(PROMPTS):
