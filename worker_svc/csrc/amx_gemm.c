@@ -1,12 +1,12 @@
 /* bfloat16 y = x @ W^T (+ bias) on Intel AMX, for the decode-sized linear layers of a bfloat16
  * model on the CPU.
  *
- * At decode sizes (a few dozen rows) a linear layer is a stream of its weights: SmolLM2's 270 MB
- * of bfloat16 weights take ~11 ms per step at this machine's ~24 GB/s memory read rate, while
- * oneDNN's prepacked path measured ~35 ms for them at 64 rows. Here the weight is packed once
- * into AMX B tiles, each panel of 16 output columns one contiguous run, and each thread streams
- * its own panels once per call while the tile unit multiplies: per 32-deep slice of K, one B
- * tile (1 KB) and up to four A tiles (16 rows each, read straight from x with its row stride).
+ * At decode sizes (a few dozen rows) a linear layer is a stream of its weights, so the memory
+ * read rate bounds it, and oneDNN's prepacked path stays far from that bound at these row
+ * counts. Here the weight is packed once into AMX B tiles, each panel of 16 output columns one
+ * contiguous run, and each thread streams its own panels once per call while the tile unit
+ * multiplies: per 32-deep slice of K, one B tile (1 KB) and up to four A tiles (16 rows each,
+ * read straight from x with its row stride).
  *
  * Layout: x [M, lda] bfloat16 row-major; packed [N / 16][K / 32][16][16][2] (panel, K slice,
  * K pair, column, pair element: the tile unit's VNNI order); y [M, ldy] bfloat16; bias [N]
@@ -28,7 +28,7 @@
 #include "simd_math.h"
 #include "work_runs.h"
 
-/* rows per block: at 2048 rows 128 measured even with 64, 256 and unblocked slower */
+/* rows per block: a block's rows of x stay in L2 while the thread's panels pass (below) */
 #define ROW_BLOCK 64
 #define PREFETCH_BYTES 4096 /* B read ahead: four K slices */
 
@@ -59,8 +59,8 @@ AMX_TARGET static inline void store_silu_mul(const float *gate, const float *up,
 }
 
 /* A finished 2 x 2 block's sums still to be rounded into y: the next block's tile products run
- * on the tile unit while the vector unit writes these rows out (the writing was 14 % of a
- * 2048-row gate/up GEMM when it came after the products). */
+ * on the tile unit while the vector unit writes these rows out, so the writing hides behind the
+ * products instead of adding to them. */
 typedef struct {
     const float *sums; /* [32 rows][32 columns] */
     uint16_t *y;       /* the block's first row and column in y */

@@ -1,7 +1,7 @@
 /* AMX set-up shared by the AMX GEMM and the AMX prefill attention. Static in each file that
  * includes it, on purpose: a call from one of the library's files into another goes through
  * the PLT, and glibc's lazy-binding trampoline saves the extended register state into a buffer
- * sized before this process asked for the tile registers (crashes seen here). */
+ * sized before this process asked for the tile registers, too small for them: a crash. */
 #ifndef SPLITSERVE_AMX_TILES_H
 #define SPLITSERVE_AMX_TILES_H
 #include <cpuid.h>

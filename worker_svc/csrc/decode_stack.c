@@ -1,8 +1,8 @@
 /* A Llama decoder's layers for a pure-decode step, in one call: the same kernels the runner's
  * Python layer loop (worker_svc/decoder_loop.py) calls, with the same arguments in the same
  * order, so the result is that loop's bits. What goes is the loop's per-layer Python (module
- * calls, views, torch allocations, ctypes calls: ~140 us a layer at batch 64), during which the
- * second OpenMP thread can only wait.
+ * calls, views, torch allocations, ctypes calls), during which the second OpenMP thread can
+ * only wait.
  *
  * Per layer, with x the residual stream [T, hidden] (updated in place):
  *   h = rms_norm(x) (layer 0), else x += delta; h = rms_norm(x)       input norm

@@ -17,9 +17,9 @@
 #include <math.h>
 #include <stdint.h>
 
-/* below this, waking the second thread costs more; a batch-64 decode's rows (64 x 576) are
- * above it: a bfloat16 norm of them 19 -> 14 us on two threads (the worker's OpenMP threads spin
- * between ops), a decode step ~0.7 ms faster */
+/* below this, waking the second thread costs more than it saves; a batch-64 decode's rows
+ * (64 x 576) are above it, and there the second thread is cheap to use because the worker's
+ * OpenMP threads spin between ops */
 #define PARALLEL_MIN_FLOATS 8192
 
 #if defined(__AVX512F__)
@@ -66,7 +66,7 @@ static inline __attribute__((always_inline)) void rms_norm(const int bf16, void 
 #pragma omp parallel for schedule(static) num_threads(num_threads) \
     if (rows * dim >= PARALLEL_MIN_FLOATS && num_threads > 1)
     for (int64_t r = 0; r < rows; r++) {
-        /* four sums: one FMA chain's latency, not the loads, bounded a 576-wide row */
+        /* four sums: with one, the FMA chain's latency, not the loads, bounds a 576-wide row */
         __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                          _mm512_setzero_ps()};
         int64_t d = 0;

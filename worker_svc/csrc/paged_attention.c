@@ -4,8 +4,8 @@
  * SDPA: at batch 64 that copy is most of the attention time, as it moves the whole context
  * through memory twice more. Here each request row walks its block table once, block by block,
  * reading each block's K and V for every kv head in two sequential runs (per (row, kv head)
- * items read them as 256-byte pieces 768 bytes apart: 6 % slower at context 1024, where
- * decode attention runs at ~80 % of this machine's 24 GB/s memory read rate); per query head
+ * items would read them as 256-byte pieces 768 bytes apart, which memory serves worse, and
+ * decode attention at long contexts is bound by the memory read rate); per query head
  * an online softmax over the scores, then the weighted sum of V. Rows are spread over the
  * OpenMP threads torch already runs (same libgomp). The plain path (no AVX-512) splits the
  * work by (row, kv head) and keeps a scores buffer.
@@ -53,7 +53,8 @@ static inline float bf16_to_f32(uint16_t x) {
 
 /* Element offset of the first token of block slot b (head kh) in a cache; the tokens of a block
  * follow each other kv_heads * head_dim elements apart. Walking block by block keeps integer
- * division out of the inner loops (a runtime-divisor div per token was most of the time). */
+ * division out of the inner loops (a division by a runtime divisor is slow, and one per token
+ * would be a large share of the kernel's time). */
 static inline int64_t block_offset(const Args *a, const int64_t *blocks, int64_t b, int64_t kh) {
     return (blocks[b] * a->block_size * a->kv_heads + kh) * a->head_dim;
 }
@@ -153,7 +154,8 @@ static inline __attribute__((always_inline)) void attend_chunk(
 
 /* attend_chunk for a bfloat16 cache, all G query heads of the kv head together: each K and V
  * row is converted to float32 once instead of once per query head (the conversions, not the
- * memory, bounded the bfloat16 kernel). G x NV accumulators must fit the registers (<= 16). */
+ * memory, bound a bfloat16 kernel that converts per head). G x NV accumulators must fit the
+ * registers (<= 16). */
 static inline __attribute__((always_inline)) void attend_chunk_bf16_group(
     const Args *a, int64_t off0, int64_t n, const float *qh, float *m, float *l, float *acc,
     const int G, const int NV) {
@@ -414,8 +416,8 @@ static inline int64_t two_pass_floats(const Args *a) {
  * softmax per head over the whole row with its one maximum (the probabilities rounded to
  * bfloat16 as torch's bfloat16 attention rounds P); pass 2 sums V per kv head, its group's
  * accumulators held in registers from the first token to the last. The one-pass online softmax
- * rescaled, reloaded and stored every head's accumulators and reduced a running maximum for
- * every 16 tokens: at batch 64, context 192 it ran ~390 us per layer with K/V in cache. The
+ * (kept for comparison) rescales, reloads and stores every head's accumulators and reduces a
+ * running maximum for every 16 tokens, which costs more than a second pass over the row: the
  * row's V is ~0.4 KB per token, so after the first kv head's pass the others read it from L2.
  * scratch: the one-pass state's layout (m, l, acc, bfloat16 q), then scores and weights. */
 BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_row_bf16_2pass_gn(

@@ -7,10 +7,8 @@
  * tile's QT x group query vectors meet each 16-token slice of keys once, the slice's K
  * transposed into [head_dim][16] so that a query's 16 scores are head_dim FMAs into one vector
  * (no horizontal sums) and its V staged as float32, then an online softmax and the weighted V
- * sum, accumulated in a per-item scratch that stays in L1. Measured on a W64 prefill step
- * (2048 tokens in 15 chunks, 30 layers of SmolLM2): float32 108 ms against SDPA's 200, bfloat16
- * even (105-113 vs 103-112); tiles of 16 queries were slower (133 / 119 ms: the per-slice
- * transpose and staging are shared by fewer queries), of 64 no better.
+ * sum, accumulated in a per-item scratch that stays in L1. QT is 32: a smaller tile shares the
+ * per-slice transpose and V staging among fewer queries, a larger one gains nothing more.
  *
  * Layout: caches [num_blocks, block_size, kv_heads, head_dim] (float32 or bfloat16); q and out
  * float32 [tokens, heads, head_dim]; per chunk c: q_start[c] (its first token in q), q_len[c],
@@ -18,7 +16,7 @@
  * block table row c of block_table [chunks, block_table_stride]. AVX-512 and head_dim a
  * multiple of 16 up to 256 (the caller checks paged_prefill_available()).
  * bfloat16 caches with head_dim 64 on CPUs with AMX (checked at run time) take tile bodies
- * instead (attend_item_amx): the W64 prefill step 461 -> 415 ms (5 alternating pairs).
+ * instead (attend_item_amx), which run the score and P.V products on the tile unit.
  */
 #define _GNU_SOURCE /* syscall(), for amx_tiles.h */
 #include <math.h>
