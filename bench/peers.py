@@ -1,6 +1,6 @@
 """splitserve beside its peers: the same requests through each system, one command, one run.
 
-    bash bench/llama_cpp_build.sh                         # once: builds llama-server (~4 min)
+    bash bench/llama_cpp_build.sh                         # once: builds llama-server (minutes)
     .venv/bin/python bench/peers.py --quick               # reduced run, every system
     .venv/bin/python bench/peers.py --json peers.json --plot peers.png
     .venv/bin/python bench/peers.py --workload w64 --systems splitserve-grpc,llama-server

@@ -99,7 +99,7 @@ async def run_point(n_workers: int, args, progress) -> dict:
     server = SchedulerServer(cfg)
     await server.start()
     # as `splitserve scheduler` does (scheduler_svc/main.py serve()): without it, full
-    # collections over every live request stall the step loop for 50-150 ms now and then
+    # collections over every live request stall the step loop now and then
     gc_before = None if args.default_gc else tune_gc_for_serving()
     procs = []
     env = dict(os.environ, PYTHONUNBUFFERED="1")

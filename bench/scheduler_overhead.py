@@ -9,8 +9,8 @@ setup frozen, gen0 threshold 50,000 allocations). A decode step
 allocates ~4 small objects per request (the diff entry, the RequestOutput and their lists); with
 a 700-allocation gen0 threshold and 1,000+ requests, those are still alive at collection time,
 get promoted, and trigger full collections that walk the whole heap (blocks, waiting requests),
-which is what makes the default column grow beyond ~500 running requests. Times are CPU time
-(time.process_time) of the benchmark process, best of --repeats.
+which is what makes the default column grow with the number of running requests once they are
+many. Times are CPU time (time.process_time) of the benchmark process, best of --repeats.
 
     .venv/bin/python bench/scheduler_overhead.py                       # 64, 256, 1024 x 10,000
     .venv/bin/python bench/scheduler_overhead.py --running 256 --profile

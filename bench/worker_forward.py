@@ -87,9 +87,9 @@ def parse_args() -> argparse.Namespace:
 
 
 def omp_policy() -> str:
-    """OpenMP idle threads spin by default (fastest on an idle machine, 1.5x faster decode here
-    at load 1.5); on a busy shared machine OMP_WAIT_POLICY=PASSIVE avoids pathological slowdowns
-    (a spinning thread whose partner was descheduled: up to 10x) at that cost."""
+    """OpenMP idle threads spin by default (fastest on an idle machine: no op waits for a
+    sleeping thread to wake); on a busy shared machine OMP_WAIT_POLICY=PASSIVE avoids
+    pathological slowdowns (a thread spinning while its partner is descheduled) at that cost."""
     return os.environ.get("OMP_WAIT_POLICY", "unset (spin, then sleep)")
 
 

@@ -57,7 +57,8 @@ class Tokenizer:
     _byte_pieces: list = field(default_factory=list, repr=False, compare=False)  # [table|None]
 
     def byte_pieces(self) -> BytePieces | None:
-        """Token id -> bytes when this is a byte-level BPE tokenizer (built once, ~0.2 s)."""
+        """Token id -> bytes when this is a byte-level BPE tokenizer (built once: a pass over the
+        whole vocabulary)."""
         if not self._byte_pieces:
             self._byte_pieces.append(build_byte_pieces(self.backend))
         return self._byte_pieces[0]

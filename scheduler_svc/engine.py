@@ -311,7 +311,7 @@ class ServingEngine:
         inflight: deque = deque()
         # A step sent after a moment with nothing to schedule runs alone: requests of a burst
         # still arriving join the next step instead of a pipelined one scheduled a moment after
-        # the first (64 requests sent at once reach the scheduler over ~35 ms here). The
+        # the first (requests sent at once reach the scheduler spread over some milliseconds). The
         # worker's wait before such a step, and before the one that waited on its result, is
         # not time the scheduler added: neither counts for the adaptive stream interval.
         after_pause = True
