@@ -31,8 +31,17 @@ HERE = Path(__file__).resolve().parent
 def run(label: str, extra: list[str], args, console: Console) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
-        cmd = [sys.executable, str(HERE / "worker_forward.py"), "--device", args.device,
-               "--threads", str(args.threads), "--json", str(out), *extra]  # fmt: skip
+        cmd = [
+            sys.executable,
+            str(HERE / "worker_forward.py"),
+            "--device",
+            args.device,
+            "--threads",
+            str(args.threads),
+            "--json",
+            str(out),
+            *extra,
+        ]
         console.print(f"[bold]{label}[/]: {' '.join(cmd[1:])}")
         subprocess.run(cmd, check=True)
         return json.loads(out.read_text())
@@ -55,18 +64,29 @@ def main() -> int:
             return 2
     console = Console(stderr=True)
     n = ["--prompts", str(args.prompts), "--hf-prompts", str(args.prompts)]
-    fp32 = run("float32 greedy vs HF", ["--dtype", "float32", "--only", "w64,hf,check", *n],
-               args, console)  # fmt: skip
-    bf16 = run("bfloat16 logprobs vs HF", ["--dtype", "bfloat16", "--only", "w64,check", *n],
-               args, console)  # fmt: skip
+    fp32 = run(
+        "float32 greedy vs HF", ["--dtype", "float32", "--only", "w64,hf,check", *n], args, console
+    )
+    bf16 = run(
+        "bfloat16 logprobs vs HF", ["--dtype", "bfloat16", "--only", "w64,check", *n], args, console
+    )
     results = {"device": args.device, "float32": fp32, "bfloat16_check": bf16}
     if not args.skip_throughput:
         results["bfloat16_throughput"] = run(
             "bfloat16 throughput",
-            ["--dtype", "bfloat16", "--only", "w64,decode,prefill,hf_static",
-             "--decode-batches", "1,8,64,128,256", "--decode-contexts", "128,1024"],
-            args, console,
-        )  # fmt: skip
+            [
+                "--dtype",
+                "bfloat16",
+                "--only",
+                "w64,decode,prefill,hf_static",
+                "--decode-batches",
+                "1,8,64,128,256",
+                "--decode-contexts",
+                "128,1024",
+            ],
+            args,
+            console,
+        )
     eq = fp32["check"]
     greedy_ok = eq["equal"] == eq["compared"] > 0
     diff = bf16["check"]["mean_abs_logprob_diff"]
@@ -74,20 +94,35 @@ def main() -> int:
     table = Table(title=f"splitserve GPU check on {args.device}")
     for col in ("check", "result", "detail"):
         table.add_column(col)
-    table.add_row("float32 greedy == HF", "pass" if greedy_ok else "FAIL",
-                  f"{eq['equal']}/{eq['compared']} prompts equal")  # fmt: skip
+    table.add_row(
+        "float32 greedy == HF",
+        "pass" if greedy_ok else "FAIL",
+        f"{eq['equal']}/{eq['compared']} prompts equal",
+    )
     worst = bf16["check"]["max_abs_logprob_diff"]
-    table.add_row("bfloat16 logprobs ~ HF", "pass" if bf16_ok else "FAIL",
-                  f"mean |Δ| {diff:.4f}, max {worst:.3f}")  # fmt: skip
-    table.add_row("float32 W64 subset", f"{fp32['w64']['tok_s']:.1f} tok/s",
-                  f"HF one-by-one {fp32['hf']['tok_s']:.1f} tok/s")  # fmt: skip
+    table.add_row(
+        "bfloat16 logprobs ~ HF",
+        "pass" if bf16_ok else "FAIL",
+        f"mean |Δ| {diff:.4f}, max {worst:.3f}",
+    )
+    table.add_row(
+        "float32 W64 subset",
+        f"{fp32['w64']['tok_s']:.1f} tok/s",
+        f"HF one-by-one {fp32['hf']['tok_s']:.1f} tok/s",
+    )
     if "bfloat16_throughput" in results:
         t = results["bfloat16_throughput"]
-        table.add_row("bfloat16 W64", f"{t['w64']['tok_s']:.1f} tok/s",
-                      f"HF static x16 {t['hf_static']['tok_s']:.1f} tok/s")  # fmt: skip
+        table.add_row(
+            "bfloat16 W64",
+            f"{t['w64']['tok_s']:.1f} tok/s",
+            f"HF static x16 {t['hf_static']['tok_s']:.1f} tok/s",
+        )
         for d in t.get("decode", []):
-            table.add_row(f"decode batch {d['batch']} @ ctx {d['context']}",
-                          f"{d['tok_s']:.1f} tok/s", f"{d['step_ms']:.1f} ms/step")  # fmt: skip
+            table.add_row(
+                f"decode batch {d['batch']} @ ctx {d['context']}",
+                f"{d['tok_s']:.1f} tok/s",
+                f"{d['step_ms']:.1f} ms/step",
+            )
     Console().print(table)
     results["passed"] = greedy_ok and bf16_ok
     args.json.write_text(json.dumps(results, indent=2))

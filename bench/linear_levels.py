@@ -26,8 +26,15 @@ from worker_svc.fast_linear import (
 )
 
 HIDDEN, INTERMEDIATE, KV = 576, 1536, 192
-LAYER_SHAPES = [(HIDDEN, HIDDEN), (HIDDEN, KV), (HIDDEN, KV), (HIDDEN, HIDDEN),
-                (HIDDEN, INTERMEDIATE), (HIDDEN, INTERMEDIATE), (INTERMEDIATE, HIDDEN)]  # fmt: skip
+LAYER_SHAPES = [
+    (HIDDEN, HIDDEN),
+    (HIDDEN, KV),
+    (HIDDEN, KV),
+    (HIDDEN, HIDDEN),
+    (HIDDEN, INTERMEDIATE),
+    (HIDDEN, INTERMEDIATE),
+    (INTERMEDIATE, HIDDEN),
+]
 LAYERS = 30
 
 
@@ -47,8 +54,9 @@ def kinds(dtype: torch.dtype) -> dict:
 
 def rate(make, dtype: torch.dtype, rows: int, seconds: float) -> float:
     torch.manual_seed(0)
-    layers = [make(nn.Linear(i, o, bias=False).to(dtype)) for _ in range(LAYERS)
-              for i, o in LAYER_SHAPES]  # fmt: skip
+    layers = [
+        make(nn.Linear(i, o, bias=False).to(dtype)) for _ in range(LAYERS) for i, o in LAYER_SHAPES
+    ]
     xs = {i: torch.randn(rows, i).to(dtype) for i in (HIDDEN, INTERMEDIATE)}
     flops = sum(2 * rows * i * o for i, o in LAYER_SHAPES) * LAYERS
 

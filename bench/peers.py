@@ -43,8 +43,14 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 from peers_lib import report, workload  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-SYSTEMS = ("splitserve-grpc", "splitserve-inproc", "llama-server", "generate-batch", "hf-static",
-           "hf")  # fmt: skip
+SYSTEMS = (
+    "splitserve-grpc",
+    "splitserve-inproc",
+    "llama-server",
+    "generate-batch",
+    "hf-static",
+    "hf",
+)
 W64_TARGET = {
     "label": "target: llama-server -np 64 (recorded)",
     "output_tok_s": 127.7,
@@ -58,37 +64,64 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma list of the systems above")
     p.add_argument("--workload", choices=("synthetic", "w64"), default="synthetic")
-    p.add_argument("--quick", action="store_true",
-                   help="reduced run: 32 requests x 32 tokens, HF one-by-one on 3")  # fmt: skip
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="reduced run: 32 requests x 32 tokens, HF one-by-one on 3",
+    )
     p.add_argument("--num-requests", type=int, default=None, help="default 128 (w64: 64)")
     p.add_argument("--max-tokens", type=int, default=None, help="output tokens (default 128)")
     p.add_argument("--input-mean", type=int, default=200, help="mean prompt length (lognormal)")
     p.add_argument("--input-sigma", type=float, default=1.0, help="lognormal shape")
     p.add_argument("--min-input", type=int, default=20)
     p.add_argument("--max-input", type=int, default=1000)
-    p.add_argument("--arrivals", default=None,
-                   help="comma list of burst, poisson (default both; w64: burst)")  # fmt: skip
-    p.add_argument("--request-rate", type=float, default=None,
-                   help="Poisson arrivals, requests/s (default 1.0; --quick 2.0)")  # fmt: skip
+    p.add_argument(
+        "--arrivals", default=None, help="comma list of burst, poisson (default both; w64: burst)"
+    )
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=None,
+        help="Poisson arrivals, requests/s (default 1.0; --quick 2.0)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 2,
-                   help="CPU threads of every system (torch, worker, llama -t/-tb)")  # fmt: skip
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                   help="splitserve's step token budget (the scheduler default); also "
-                   "transformers' max_batch_tokens")  # fmt: skip
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 2,
+        help="CPU threads of every system (torch, worker, llama -t/-tb)",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=2048,
+        help="splitserve's step token budget (the scheduler default); also "
+        "transformers' max_batch_tokens",
+    )
     p.add_argument("--max-num-seqs", type=int, default=128, help="splitserve's running cap")
     p.add_argument("--kv-cache-gib", type=float, default=2.0, help="splitserve's KV cache")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="splitserve's weights and KV cache (HF baselines: float32)")  # fmt: skip
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="splitserve's weights and KV cache (HF baselines: float32)",
+    )
     p.add_argument("--llama-server", default=None, help="binary (default: the build script's)")
     p.add_argument("--llama-slots", type=int, default=64, help="llama-server -np")
     p.add_argument("--llama-args", default="", help="more llama-server flags, one string")
     p.add_argument("--gguf", default=None, help="GGUF for llama-server (default: SmolLM2's)")
     p.add_argument("--static-batch", type=int, default=16, help="HF static batch size")
-    p.add_argument("--hf-requests", type=int, default=None,
-                   help="requests HF one-by-one really runs (default 8; --quick 3)")  # fmt: skip
-    p.add_argument("--reference", default=None, help="system the ratios divide by "
-                   "(default splitserve-grpc, else splitserve-inproc)")  # fmt: skip
+    p.add_argument(
+        "--hf-requests",
+        type=int,
+        default=None,
+        help="requests HF one-by-one really runs (default 8; --quick 3)",
+    )
+    p.add_argument(
+        "--reference",
+        default=None,
+        help="system the ratios divide by (default splitserve-grpc, else splitserve-inproc)",
+    )
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     p.add_argument("--plot", default=None, metavar="PATH.png", help="bar charts (matplotlib)")
     p.add_argument("--log-dir", default=None, help="server logs (default: a temp folder)")
@@ -124,9 +157,14 @@ def build_workload(args) -> workload.Workload:
             wl.max_tokens = args.max_tokens
         return wl
     return workload.synthetic(
-        args.num_requests, args.max_tokens, args.input_mean, args.input_sigma,
-        args.min_input, args.max_input, args.seed,
-    )  # fmt: skip
+        args.num_requests,
+        args.max_tokens,
+        args.input_mean,
+        args.input_sigma,
+        args.min_input,
+        args.max_input,
+        args.seed,
+    )
 
 
 def run_system(system: str, args, wl, runs, log_dir: Path) -> tuple[dict, dict]:
@@ -215,7 +253,7 @@ def main(argv=None) -> int:
             "max_tokens": wl.max_tokens,
             "prompt_lens": wl.prompt_lens,
             "note": wl.note,
-        },  # fmt: skip
+        },
         "config": {k: v for k, v in vars(args).items()},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "reference": args.reference,

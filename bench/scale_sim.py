@@ -91,11 +91,18 @@ async def drain(state) -> None:
 
 async def run_point(n_workers: int, args, progress) -> dict:
     cfg = SchedulerServiceConfig(
-        host="127.0.0.1", port=free_port(), worker_port=free_port(), http_port=0,
-        max_num_seqs=args.running, max_num_batched_tokens=args.budget,
-        max_model_len=8192, worker_queue_depth=args.running, log_level="warning",
-        async_scheduling=not args.no_async, stream_interval=args.stream_interval,
-    )  # fmt: skip
+        host="127.0.0.1",
+        port=free_port(),
+        worker_port=free_port(),
+        http_port=0,
+        max_num_seqs=args.running,
+        max_num_batched_tokens=args.budget,
+        max_model_len=8192,
+        worker_queue_depth=args.running,
+        log_level="warning",
+        async_scheduling=not args.no_async,
+        stream_interval=args.stream_interval,
+    )
     server = SchedulerServer(cfg)
     await server.start()
     # as `splitserve scheduler` does (scheduler_svc/main.py serve()): without it, full
@@ -123,12 +130,27 @@ async def run_point(n_workers: int, args, progress) -> dict:
                 "--sim-num-blocks",
                 str(args.running * 40),
             ]
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "splitserve.cli", "worker", *worker_args,
-             "--scheduler", f"127.0.0.1:{cfg.worker_port}", "--worker-id", f"w{i}",
-             "--log-level", "warning"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        ))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "splitserve.cli",
+                    "worker",
+                    *worker_args,
+                    "--scheduler",
+                    f"127.0.0.1:{cfg.worker_port}",
+                    "--worker-id",
+                    f"w{i}",
+                    "--log-level",
+                    "warning",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
     engine = server.engine
     try:
         deadline = time.monotonic() + 120
@@ -235,13 +257,17 @@ def main() -> None:
     )
     parser.add_argument("--max-tokens", type=int, default=6000)
     parser.add_argument(
-        "--dtype", choices=("float32", "bfloat16"), default="float32",
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
         help="the real workers' dtype (with --real)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--event-loop", choices=event_loop.EVENT_LOOPS, default="auto",
+        "--event-loop",
+        choices=event_loop.EVENT_LOOPS,
+        default="auto",
         help="the scheduler's loop (the service's --event-loop)",
-    )  # fmt: skip
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     configure_logging("warning", json_logs=True)
@@ -272,14 +298,20 @@ def main() -> None:
     ):
         table.add_column(col, justify="right")
     for r in results:
-        table.add_row(str(r["workers"]), str(r["workers"] * r["running_per_worker"]),
-                      f"{r['steps_per_s']:.1f}", f"{r['steps_per_s_per_worker']:.1f}",
-                      f"{r['tokens_per_s']:.0f}", f"{r['scheduler_cpu_pct']:.0f}",
-                      "-" if r["workers_cpu_pct"] is None else f"{r['workers_cpu_pct']:.0f}",
-                      f"{r['sched_us_per_request_step']:.1f}",
-                      f"{r['added_ms_per_step']:.2f}", f"{r['worker_step_ms']:.2f}",
-                      f"{r['added_share_pct']:.1f}",
-                      str(r["stream_interval_reached"]))  # fmt: skip
+        table.add_row(
+            str(r["workers"]),
+            str(r["workers"] * r["running_per_worker"]),
+            f"{r['steps_per_s']:.1f}",
+            f"{r['steps_per_s_per_worker']:.1f}",
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['scheduler_cpu_pct']:.0f}",
+            "-" if r["workers_cpu_pct"] is None else f"{r['workers_cpu_pct']:.0f}",
+            f"{r['sched_us_per_request_step']:.1f}",
+            f"{r['added_ms_per_step']:.2f}",
+            f"{r['worker_step_ms']:.2f}",
+            f"{r['added_share_pct']:.1f}",
+            str(r["stream_interval_reached"]),
+        )
     console.print(table)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

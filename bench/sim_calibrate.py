@@ -77,8 +77,11 @@ def time_step(runner: ModelRunner, step: list[tuple[int, int]], repeats: int) ->
             blocks = list(range(-(-total // bs)))  # aliased across requests: timing only
             reqs.append(NewRequestData(rid, prompt, GREEDY, blocks, c))
             sched[rid] = n
-        so = SchedulerOutput(new_requests=reqs, num_scheduled_tokens=sched,
-                             total_num_scheduled_tokens=sum(sched.values()))  # fmt: skip
+        so = SchedulerOutput(
+            new_requests=reqs,
+            num_scheduled_tokens=sched,
+            total_num_scheduled_tokens=sum(sched.values()),
+        )
         t = time.perf_counter()
         runner.execute_model(so)
         times.append(time.perf_counter() - t)
@@ -143,11 +146,16 @@ def main() -> int:
     steps = shapes(args.quick)
     longest = max(c + n for s in steps for n, c in s)
     cfg = ModelRunnerConfig(
-        model=args.model, dtype=args.dtype, device=args.device, block_size=16,
-        num_gpu_blocks=-(-longest // 16) + 64, num_host_blocks=64,
-        max_num_seqs=max(len(s) for s in steps), max_num_batched_tokens=2048,
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        block_size=16,
+        num_gpu_blocks=-(-longest // 16) + 64,
+        num_host_blocks=64,
+        max_num_seqs=max(len(s) for s in steps),
+        max_num_batched_tokens=2048,
         num_threads=args.threads,
-    )  # fmt: skip
+    )
     runner = ModelRunner(cfg)
     print(f"{runner.model_name} {runner.dtype} on {runner.device}, {args.threads} threads")
     x, y = [], []
@@ -176,7 +184,7 @@ def main() -> int:
             "steps": len(ya),
             "mean_rel_error": float(rel.mean()),
             "max_rel_error": float(rel.max()),
-        },  # fmt: skip
+        },
     }
     data = json.loads(args.out.read_text()) if args.out.exists() else {"profiles": {}}
     data["profiles"][args.profile] = profile

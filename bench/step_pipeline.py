@@ -97,9 +97,13 @@ async def drain(state) -> None:
 
 async def run(args, kind: str) -> dict:
     tokenizer = load_tokenizer(None)
-    cfg = SchedulerServiceConfig(max_num_seqs=args.running, max_num_batched_tokens=4096,
-                                 max_model_len=8192, worker_queue_depth=args.running,
-                                 stream_interval=args.stream_interval)  # fmt: skip
+    cfg = SchedulerServiceConfig(
+        max_num_seqs=args.running,
+        max_num_batched_tokens=4096,
+        max_model_len=8192,
+        worker_queue_depth=args.running,
+        stream_interval=args.stream_interval,
+    )
     engine = ServingEngine(cfg, "sim")
     intake = Intake(tokenizer, "sim", set(), cfg.max_model_len)
     workers = []
@@ -161,8 +165,9 @@ def main() -> None:
     parser.add_argument("--running", type=int, default=256)
     parser.add_argument("--steps", type=int, default=60, help="measured steps per worker")
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--loops", nargs="+", default=["uvloop", "asyncio"],
-                        choices=["uvloop", "asyncio"])  # fmt: skip
+    parser.add_argument(
+        "--loops", nargs="+", default=["uvloop", "asyncio"], choices=["uvloop", "asyncio"]
+    )
     parser.add_argument("--repeats", type=int, default=3, help="best of")
     parser.add_argument("--stream-interval", type=int, default=1)
     parser.add_argument("--profile", action="store_true", help="cProfile the measured steps")
@@ -177,17 +182,27 @@ def main() -> None:
             rows.append(min(runs, key=lambda r: r["scheduler_us_per_request_step"]))
     finally:
         restore_gc(gc_before)
-    table = Table(title=f"scheduler work per request-step, {args.workers} x {args.running} "
-                  f"running, stream interval {args.stream_interval}, in one process "
-                  f"(best of {args.repeats})")  # fmt: skip
-    for col in ("loop", "request-steps", "scheduler µs", "worker side µs (taken out)",
-                "request-steps per core-s"):  # fmt: skip
+    table = Table(
+        title=f"scheduler work per request-step, {args.workers} x {args.running} "
+        f"running, stream interval {args.stream_interval}, in one process "
+        f"(best of {args.repeats})"
+    )
+    for col in (
+        "loop",
+        "request-steps",
+        "scheduler µs",
+        "worker side µs (taken out)",
+        "request-steps per core-s",
+    ):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(r["event_loop"], str(r["request_steps"]),
-                      f"{r['scheduler_us_per_request_step']:.2f}",
-                      f"{r['worker_side_us_per_request_step']:.2f}",
-                      f"{r['request_steps_per_core_s']:,.0f}")  # fmt: skip
+        table.add_row(
+            r["event_loop"],
+            str(r["request_steps"]),
+            f"{r['scheduler_us_per_request_step']:.2f}",
+            f"{r['worker_side_us_per_request_step']:.2f}",
+            f"{r['request_steps_per_core_s']:,.0f}",
+        )
     Console().print(table)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -193,8 +193,12 @@ def bench_gemm(runner: ModelRunner, args) -> dict:
     step = decode_stepper(runner, args.gemm_batch, 128)
     achieved = linear_rate_in_decode(step, runner.model, args.gemm_batch, steps=8)
     peak = peak_gemm_rate(runner.dtype, runner.device)
-    return {**achieved, "peak_gflops": peak["gflops"], "peak_shapes": peak["shapes"],
-            "share_of_peak": achieved["gflops"] / peak["gflops"]}  # fmt: skip
+    return {
+        **achieved,
+        "peak_gflops": peak["gflops"],
+        "peak_shapes": peak["shapes"],
+        "share_of_peak": achieved["gflops"] / peak["gflops"],
+    }
 
 
 def bench_prefill(runner: ModelRunner, chunk: int, repeats: int = 3) -> dict:

@@ -49,14 +49,16 @@ def add_servicer(servicer, server: grpc.aio.Server, service: ServiceDescriptor) 
             raise ValueError(f"{method.full_name}: client streaming is not handled here")
         if method.server_streaming:
             handlers[method.name] = grpc.unary_stream_rpc_method_handler(
-                _unary_stream(fn, parse), request_deserializer=None,
+                _unary_stream(fn, parse),
+                request_deserializer=None,
                 response_serializer=serialize,
-            )  # fmt: skip
+            )
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                _unary_unary(fn, parse), request_deserializer=None,
+                _unary_unary(fn, parse),
+                request_deserializer=None,
                 response_serializer=serialize,
-            )  # fmt: skip
+            )
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),)
     )

@@ -22,8 +22,9 @@ def server_credentials(cert_file: str, key_file: str, client_ca_file: str | None
     )
 
 
-def channel_credentials(ca_file: str | None, cert_file: str | None = None,
-                        key_file: str | None = None):  # fmt: skip
+def channel_credentials(
+    ca_file: str | None, cert_file: str | None = None, key_file: str | None = None
+):
     """TLS for a client: trust ca_file (system roots if None); cert/key for mutual TLS."""
     if bool(cert_file) != bool(key_file):
         raise ValueError("a client certificate needs both --tls-cert-file and --tls-key-file")
@@ -42,9 +43,16 @@ def add_port(server, address: str, cert_file: str, key_file: str, ca_file: str =
     return server.add_insecure_port(address)
 
 
-def open_channel(target: str, options: list, tls: bool, ca_file: str | None = None,
-                 cert_file: str | None = None, key_file: str | None = None,
-                 server_name: str | None = None, aio: bool = False):  # fmt: skip
+def open_channel(
+    target: str,
+    options: list,
+    tls: bool,
+    ca_file: str | None = None,
+    cert_file: str | None = None,
+    key_file: str | None = None,
+    server_name: str | None = None,
+    aio: bool = False,
+):
     module = grpc.aio if aio else grpc
     if not tls:
         return module.insecure_channel(target, options=options)

@@ -57,8 +57,13 @@ class TokenBucket:
 
 
 class AdmissionControl:
-    def __init__(self, max_waiting_requests: int, tenant_rate: float, tenant_burst: int,
-                 tenants: dict[str, float]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        max_waiting_requests: int,
+        tenant_rate: float,
+        tenant_burst: int,
+        tenants: dict[str, float],
+    ) -> None:
         self.max_waiting_requests = max_waiting_requests
         self.tenant_rate = tenant_rate
         self.tenant_burst = max(1, tenant_burst)

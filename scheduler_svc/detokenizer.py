@@ -123,10 +123,12 @@ class IncrementalDetokenizer:
             return
         if self.stream is not None:
             if new_token_ids:
-                self._append(self.stream.step(
-                    self.decoder.backend,
-                    new_token_ids[0] if len(new_token_ids) == 1 else list(new_token_ids),
-                ))  # fmt: skip
+                self._append(
+                    self.stream.step(
+                        self.decoder.backend,
+                        new_token_ids[0] if len(new_token_ids) == 1 else list(new_token_ids),
+                    )
+                )
             return
         self.token_ids.extend(new_token_ids)
         decode = self.decoder.decode

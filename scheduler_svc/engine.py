@@ -60,9 +60,11 @@ class ServingEngine:
         self.observer = EngineObserver()
         self.slo = SloAdmission.from_config(config)  # TTFT target, thrash backpressure
         self.admission = AdmissionControl(
-            config.max_waiting_requests, config.tenant_rate_limit, config.tenant_burst,
+            config.max_waiting_requests,
+            config.tenant_rate_limit,
+            config.tenant_burst,
             parse_tenants(config.tenants),
-        )  # fmt: skip
+        )
         self.placement = placement.PlacementConfig(
             min_prefix_tokens=config.placement_min_prefix_tokens,
             balance_abs=config.placement_balance_abs,
@@ -130,10 +132,13 @@ class ServingEngine:
         limit = self.config.max_num_seqs + depth
         while self.waiting:
             eligible = [
-                s for s in self.sessions.values()
-                if not s.lost and not s.draining and len(s.scheduler.waiting) < depth
+                s
+                for s in self.sessions.values()
+                if not s.lost
+                and not s.draining
+                and len(s.scheduler.waiting) < depth
                 and s.load < limit
-            ]  # fmt: skip
+            ]
             if not eligible:
                 return
             request = self.waiting.pop()
@@ -155,9 +160,15 @@ class ServingEngine:
             )
             placement.add_inflight(session, state.inflight_hashes)
             session.wakeup.set()
-            log.info("request_placed", request_id=state.request_id, worker_id=session.worker_id,
-                     reason=choice.reason, prefix_tokens=choice.prefix_tokens, load=choice.load,
-                     migrations=state.num_migrations)  # fmt: skip
+            log.info(
+                "request_placed",
+                request_id=state.request_id,
+                worker_id=session.worker_id,
+                reason=choice.reason,
+                prefix_tokens=choice.prefix_tokens,
+                load=choice.load,
+                migrations=state.num_migrations,
+            )
 
     def _leave_session(self, state: RequestState) -> WorkerSession | None:
         """Detach the request from its worker's bookkeeping (not from the core scheduler)."""
@@ -250,9 +261,13 @@ class ServingEngine:
         self.sessions[registration.worker_id] = session
         self.worker_attached.set()
         self.observer.on_worker_attached(session)
-        log.info("worker_attached", worker_id=registration.worker_id,
-                 num_blocks=registration.num_device_blocks, block_size=registration.block_size,
-                 address=registration.address)  # fmt: skip
+        log.info(
+            "worker_attached",
+            worker_id=registration.worker_id,
+            num_blocks=registration.num_device_blocks,
+            block_size=registration.block_size,
+            address=registration.address,
+        )
         self._dispatch()
         return session
 
@@ -289,8 +304,13 @@ class ServingEngine:
         session.drain_deadline = time.monotonic() + max(0.0, timeout_s)
         waiting_ids = [r.request_id for r in session.scheduler.waiting]
         moved = self._hand_back(session, waiting_ids, "worker draining")
-        log.info("worker_draining", worker_id=session.worker_id, timeout_s=timeout_s,
-                 running=session.load, handed_back=moved)  # fmt: skip
+        log.info(
+            "worker_draining",
+            worker_id=session.worker_id,
+            timeout_s=timeout_s,
+            running=session.load,
+            handed_back=moved,
+        )
         session.wakeup.set()
         self._dispatch()
 
@@ -363,8 +383,11 @@ class ServingEngine:
         """Adaptive --stream-interval: every stream from now on."""
         for state in self.requests.values():
             state.set_stream_interval(interval)
-        log.info("stream_interval_changed", interval=interval,
-                 worker_idle_ms=round(1e3 * self.pacer.last_idle_avg_s, 3))  # fmt: skip
+        log.info(
+            "stream_interval_changed",
+            interval=interval,
+            worker_idle_ms=round(1e3 * self.pacer.last_idle_avg_s, 3),
+        )
 
     async def _idle(self, session: WorkerSession) -> None:
         """Nothing to send: wait for a new request, an abort, a drain deadline or loss."""

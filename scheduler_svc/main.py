@@ -119,19 +119,26 @@ class SchedulerServer:
             cfg.tls_key_file,
             cfg.tls_client_ca_file,
         )
-        self.worker_port = add_port(self.worker_server, f"{cfg.host}:{cfg.worker_port}",
-                                    cfg.worker_tls_cert_file, cfg.worker_tls_key_file,
-                                    cfg.worker_tls_ca_file)  # fmt: skip
+        self.worker_port = add_port(
+            self.worker_server,
+            f"{cfg.host}:{cfg.worker_port}",
+            cfg.worker_tls_cert_file,
+            cfg.worker_tls_key_file,
+            cfg.worker_tls_ca_file,
+        )
         self.http_ctx = HttpContext(
             self.engine, self.intake, cfg.api_key, self.metrics, self.history
         )
         self.http: HttpServer | None = None
         if cfg.http_port > 0:
             self.http = HttpServer(
-                create_app(self.http_ctx), cfg.host, cfg.http_port,
-                ssl_certfile=cfg.tls_cert_file, ssl_keyfile=cfg.tls_key_file,
+                create_app(self.http_ctx),
+                cfg.host,
+                cfg.http_port,
+                ssl_certfile=cfg.tls_cert_file,
+                ssl_keyfile=cfg.tls_key_file,
                 ssl_ca_certs=cfg.tls_client_ca_file,
-            )  # fmt: skip
+            )
 
     async def start(self) -> None:
         await self.client_server.start()

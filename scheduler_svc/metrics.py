@@ -27,14 +27,91 @@ if TYPE_CHECKING:
     from scheduler_svc.worker_session import StepReply, WorkerSession
 
 P = "splitserve:"
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
-TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
-                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
-REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
-                   50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
-STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
-                1.0, 2.5, 5.0, 10.0)  # fmt: skip
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+TOKEN_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+STEP_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 TOKENS_PER_STEP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -160,13 +237,15 @@ class WorkerCollector(Collector):
         if queued is None:  # engines without a global queue
             queued = len(getattr(engine, "unassigned", ()))
         yield GaugeMetricFamily(
-            P + "num_requests_queued", "Requests in the global queue, on no worker yet",
+            P + "num_requests_queued",
+            "Requests in the global queue, on no worker yet",
             value=queued,
-        )  # fmt: skip
+        )
         yield GaugeMetricFamily(
-            P + "num_requests_in_flight", "Requests accepted and not finished",
+            P + "num_requests_in_flight",
+            "Requests accepted and not finished",
             value=len(engine.requests),
-        )  # fmt: skip
+        )
         slo = getattr(engine, "slo", None)
         if slo is not None:
             yield from slo_metrics(slo)
@@ -183,21 +262,25 @@ def slo_metrics(slo) -> Iterable:
         value=ratio if ratio < 1e9 else 1e9,
     )
     yield GaugeMetricFamily(
-        P + "kv_thrashing", "1 while the thrash ratio is above --thrash-threshold",
+        P + "kv_thrashing",
+        "1 while the thrash ratio is above --thrash-threshold",
         value=int(thrashing),
-    )  # fmt: skip
+    )
     yield GaugeMetricFamily(
-        P + "admission_paused", "1 while thrash backpressure refuses new requests",
+        P + "admission_paused",
+        "1 while thrash backpressure refuses new requests",
         value=int(slo.backpressure and thrashing),
-    )  # fmt: skip
+    )
     yield CounterMetricFamily(
-        P + "kv_thrash_episodes", "Times the thrash ratio crossed --thrash-threshold",
+        P + "kv_thrash_episodes",
+        "Times the thrash ratio crossed --thrash-threshold",
         value=thrash.num_episodes,
-    )  # fmt: skip
+    )
     refused = CounterMetricFamily(
-        P + "admission_refused", "Requests refused by SLO admission or thrash backpressure",
+        P + "admission_refused",
+        "Requests refused by SLO admission or thrash backpressure",
         labels=["reason"],
-    )  # fmt: skip
+    )
     refused.add_metric(["ttft_slo"], slo.num_refused_slo)
     refused.add_metric(["thrash"], slo.num_refused_thrash)
     yield refused
@@ -212,53 +295,80 @@ class MetricsObserver(EngineObserver):
             P + "generation_tokens", "Generated tokens delivered to clients", registry=r
         )
         self.request_success = Counter(
-            P + "request_success", "Finished requests by finish reason",
-            ["finished_reason"], registry=r,
-        )  # fmt: skip
+            P + "request_success",
+            "Finished requests by finish reason",
+            ["finished_reason"],
+            registry=r,
+        )
         self.request_rejected = Counter(
-            P + "request_rejected", "Requests refused before entering the engine", ["reason"],
+            P + "request_rejected",
+            "Requests refused before entering the engine",
+            ["reason"],
             registry=r,
-        )  # fmt: skip
+        )
         self.ttft = Histogram(
-            P + "time_to_first_token_seconds", "Time to first token", buckets=TTFT_BUCKETS,
+            P + "time_to_first_token_seconds",
+            "Time to first token",
+            buckets=TTFT_BUCKETS,
             registry=r,
-        )  # fmt: skip
+        )
         self.itl = Histogram(
-            P + "inter_token_latency_seconds", "Time between two deliveries of tokens",
-            buckets=TOKEN_BUCKETS, registry=r,
-        )  # fmt: skip
+            P + "inter_token_latency_seconds",
+            "Time between two deliveries of tokens",
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
         self.tpot = Histogram(
-            P + "time_per_output_token_seconds", "Mean time per output token after the first",
-            buckets=TOKEN_BUCKETS, registry=r,
-        )  # fmt: skip
+            P + "time_per_output_token_seconds",
+            "Mean time per output token after the first",
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
         self.e2e = Histogram(
-            P + "e2e_request_latency_seconds", "Arrival to finish", buckets=REQUEST_BUCKETS,
+            P + "e2e_request_latency_seconds",
+            "Arrival to finish",
+            buckets=REQUEST_BUCKETS,
             registry=r,
-        )  # fmt: skip
+        )
         self.queue_time = Histogram(
-            P + "request_queue_time_seconds", "Arrival to first scheduled",
-            buckets=REQUEST_BUCKETS, registry=r,
-        )  # fmt: skip
+            P + "request_queue_time_seconds",
+            "Arrival to first scheduled",
+            buckets=REQUEST_BUCKETS,
+            registry=r,
+        )
         self.prompt_len = Histogram(
-            P + "request_prompt_tokens", "Prompt length", buckets=TOKENS_PER_STEP_BUCKETS,
+            P + "request_prompt_tokens",
+            "Prompt length",
+            buckets=TOKENS_PER_STEP_BUCKETS,
             registry=r,
-        )  # fmt: skip
+        )
         self.output_len = Histogram(
-            P + "request_generation_tokens", "Output length", buckets=TOKENS_PER_STEP_BUCKETS,
+            P + "request_generation_tokens",
+            "Output length",
+            buckets=TOKENS_PER_STEP_BUCKETS,
             registry=r,
-        )  # fmt: skip
+        )
         self.step_time = Histogram(
-            P + "step_time_seconds", "Scheduler-side round trip of one step", ["worker"],
-            buckets=STEP_BUCKETS, registry=r,
-        )  # fmt: skip
+            P + "step_time_seconds",
+            "Scheduler-side round trip of one step",
+            ["worker"],
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
         self.forward_time = Histogram(
-            P + "forward_time_seconds", "Worker's forward pass of one step", ["worker"],
-            buckets=STEP_BUCKETS, registry=r,
-        )  # fmt: skip
+            P + "forward_time_seconds",
+            "Worker's forward pass of one step",
+            ["worker"],
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
         self.step_tokens = Histogram(
-            P + "step_scheduled_tokens", "Tokens scheduled in one step", ["worker"],
-            buckets=TOKENS_PER_STEP_BUCKETS, registry=r,
-        )  # fmt: skip
+            P + "step_scheduled_tokens",
+            "Tokens scheduled in one step",
+            ["worker"],
+            buckets=TOKENS_PER_STEP_BUCKETS,
+            registry=r,
+        )
         self.worker_events = Counter(
             P + "worker_events", "Workers attaching and detaching", ["event"], registry=r
         )

@@ -82,9 +82,16 @@ class DeltaStream:
             if last.logprobs is not None:
                 logprobs = (logprobs or []) + list(last.logprobs)
         return StreamDelta(
-            token_ids, "".join(texts), last.finish_reason, last.stop_reason, logprobs,
-            last.error, last.error_code, last.num_output_tokens, last.worker_id,
-        )  # fmt: skip
+            token_ids,
+            "".join(texts),
+            last.finish_reason,
+            last.stop_reason,
+            logprobs,
+            last.error,
+            last.error_code,
+            last.num_output_tokens,
+            last.worker_id,
+        )
 
     async def get(self) -> StreamDelta:
         items = self._items
@@ -231,10 +238,19 @@ class RequestState:
                     if released is None:
                         return False
                     token_ids, text = released
-                self.queue.put_nowait(StreamDelta(
-                    token_ids, text, None, "", None, "", "", len(output_token_ids),
-                    self.worker_id or "",
-                ))  # fmt: skip
+                self.queue.put_nowait(
+                    StreamDelta(
+                        token_ids,
+                        text,
+                        None,
+                        "",
+                        None,
+                        "",
+                        "",
+                        len(output_token_ids),
+                        self.worker_id or "",
+                    )
+                )
                 return False
         return self.push_tokens(token_ids, None, None, None, now)
 

@@ -132,9 +132,13 @@ class ThrashMonitor:
             if self.first_at is None:
                 self.first_at = now
             if self.log is not None:
-                self.log.warning("kv_cache_thrashing", reason=self.reason(now),
-                                 recompute_ratio=round(r, 3), threshold=self.threshold,
-                                 window_s=self.window_s)  # fmt: skip
+                self.log.warning(
+                    "kv_cache_thrashing",
+                    reason=self.reason(now),
+                    recompute_ratio=round(r, 3),
+                    threshold=self.threshold,
+                    window_s=self.window_s,
+                )
         elif self.thrashing and r <= 0.75 * self.threshold:
             self.thrashing = False
             if self.log is not None:

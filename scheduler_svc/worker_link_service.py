@@ -194,8 +194,12 @@ class WorkerLinkService(pb_grpc.WorkerLinkServicer):
                     num_finished=session.num_drained_finished, num_handed_back=handed_back
                 )
                 await context.write(pb.SchedulerMessage(drained=drained))
-                log.info("worker_drained", worker_id=worker_id, handed_back=handed_back,
-                         finished=session.num_drained_finished)  # fmt: skip
+                log.info(
+                    "worker_drained",
+                    worker_id=worker_id,
+                    handed_back=handed_back,
+                    finished=session.num_drained_finished,
+                )
         finally:
             for task in tasks:
                 task.cancel()

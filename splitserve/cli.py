@@ -113,10 +113,13 @@ def run_generate(args: argparse.Namespace) -> int:
         prompt = args.prompt
     build_request(prompt, **kwargs)  # argument errors before connecting
     with SplitserveClient(
-        args.scheduler, api_key=args.api_key, timeout=args.timeout,
-        tls_ca_file=args.tls_ca_file, tls_cert_file=args.tls_cert_file,
+        args.scheduler,
+        api_key=args.api_key,
+        timeout=args.timeout,
+        tls_ca_file=args.tls_ca_file,
+        tls_cert_file=args.tls_cert_file,
         tls_key_file=args.tls_key_file,
-    ) as client:  # fmt: skip
+    ) as client:
         try:
             if args.json:
                 result = client.generate(prompt, **kwargs)

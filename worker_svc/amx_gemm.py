@@ -56,12 +56,21 @@ class AmxGemm:
     ) -> torch.Tensor:
         """silu(x @ gate^T) * (x @ up^T), x [..., in] bfloat16, rounded where torch rounds."""
         return self._multiply(
-            x, packed, out_features,
+            x,
+            packed,
+            out_features,
             lambda flat, out: self._gate_up(
-                flat.data_ptr(), flat.shape[0], flat.shape[1], flat.stride(0), packed.data_ptr(),
-                out_features, out.data_ptr(), out_features, torch.get_num_threads(),
+                flat.data_ptr(),
+                flat.shape[0],
+                flat.shape[1],
+                flat.stride(0),
+                packed.data_ptr(),
+                out_features,
+                out.data_ptr(),
+                out_features,
+                torch.get_num_threads(),
             ),
-        )  # fmt: skip
+        )
 
     def __call__(
         self, x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None
@@ -69,12 +78,22 @@ class AmxGemm:
         """x [..., in] bfloat16 -> [..., out_features] bfloat16."""
         bias_ptr = None if bias is None else bias.data_ptr()
         return self._multiply(
-            x, packed, out_features,
+            x,
+            packed,
+            out_features,
             lambda flat, out: self._fn(
-                flat.data_ptr(), flat.shape[0], flat.shape[1], flat.stride(0), packed.data_ptr(),
-                out_features, bias_ptr, out.data_ptr(), out_features, torch.get_num_threads(),
+                flat.data_ptr(),
+                flat.shape[0],
+                flat.shape[1],
+                flat.stride(0),
+                packed.data_ptr(),
+                out_features,
+                bias_ptr,
+                out.data_ptr(),
+                out_features,
+                torch.get_num_threads(),
             ),
-        )  # fmt: skip
+        )
 
     @staticmethod
     def _multiply(x: torch.Tensor, packed: torch.Tensor, out_features: int, kernel) -> torch.Tensor:

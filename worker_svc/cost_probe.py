@@ -36,12 +36,17 @@ def time_throwaway_prefill(runner, n: int) -> float:
     prompt = [(j * 7) % vocab + 3 for j in range(n)]
     so = SchedulerOutput(
         new_requests=[
-            NewRequestData(PROBE_ID, prompt, SamplingParams(max_tokens=1, temperature=0.0),
-                           list(range(-(-n // bs))), 0)
+            NewRequestData(
+                PROBE_ID,
+                prompt,
+                SamplingParams(max_tokens=1, temperature=0.0),
+                list(range(-(-n // bs))),
+                0,
+            )
         ],
         num_scheduled_tokens={PROBE_ID: n},
         total_num_scheduled_tokens=n,
-    )  # fmt: skip
+    )
     _sync(runner.device)
     start = time.perf_counter()
     runner.execute_model(so)
@@ -54,8 +59,9 @@ def time_throwaway_prefill(runner, n: int) -> float:
 def measure_prefill(runner, repeats: int = 1) -> tuple[float, float]:
     """(seconds per token, seconds per token per context token)."""
     bs = runner.block_size
-    cap = min(128, runner.config.max_num_batched_tokens, runner.max_model_len - 1,
-              runner.num_blocks * bs)  # fmt: skip
+    cap = min(
+        128, runner.config.max_num_batched_tokens, runner.max_model_len - 1, runner.num_blocks * bs
+    )
     sizes = sorted({max(1, cap // 4), max(1, cap // 2), cap})
     if len(sizes) < 2:
         return 0.0, 0.0

@@ -31,9 +31,25 @@ log = logging.getLogger("splitserve.worker.decode_stack")
 _I64, _P, _F = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 # a layer's pointers, in csrc/decode_stack.c's order
 PTRS = (
-    "input_norm", "post_norm", "q", "q_bias", "k", "k_bias", "v", "v_bias", "o", "o_bias",
-    "gate", "gate_bias", "up", "up_bias", "down", "down_bias", "k_cache", "v_cache",
-)  # fmt: skip
+    "input_norm",
+    "post_norm",
+    "q",
+    "q_bias",
+    "k",
+    "k_bias",
+    "v",
+    "v_bias",
+    "o",
+    "o_bias",
+    "gate",
+    "gate_bias",
+    "up",
+    "up_bias",
+    "down",
+    "down_bias",
+    "k_cache",
+    "v_cache",
+)
 _K_CACHE, _V_CACHE = PTRS.index("k_cache"), PTRS.index("v_cache")
 _AVAILABLE_BIT = {torch.float32: 1, torch.bfloat16: 2}
 
@@ -52,8 +68,29 @@ class LoopView(Protocol):
 class DecodeStack:
     def __init__(self, lib: ctypes.CDLL, loop: LoopView, dtype: torch.dtype, layer_ptrs):
         self._fn = lib.decode_stack
-        self._fn.argtypes = [ctypes.c_int, _P, _P, _I64, _P, *[_I64] * 6, _P, _P, _I64, _P, _P,
-                             _I64, _P, _I64, _I64, _F, _P, _F, _P, _P, _I64]  # fmt: skip
+        self._fn.argtypes = [
+            ctypes.c_int,
+            _P,
+            _P,
+            _I64,
+            _P,
+            *[_I64] * 6,
+            _P,
+            _P,
+            _I64,
+            _P,
+            _P,
+            _I64,
+            _P,
+            _I64,
+            _I64,
+            _F,
+            _P,
+            _F,
+            _P,
+            _P,
+            _I64,
+        ]
         self._fn.restype = ctypes.c_int
         self._scratch_bytes = lib.decode_stack_scratch_bytes
         self._scratch_bytes.argtypes = [_I64] * 7
@@ -102,19 +139,40 @@ class DecodeStack:
         ptrs = self.layer_ptrs
         ptrs[:, _K_CACHE] = [meta.key_caches[i].data_ptr() for i in self.layer_idx]
         ptrs[:, _V_CACHE] = [meta.value_caches[i].data_ptr() for i in self.layer_idx]
-        dims = (tokens, self.hidden, loop.num_heads, loop.num_kv_heads, self.head_dim,
-                self.intermediate)  # fmt: skip
+        dims = (
+            tokens,
+            self.hidden,
+            loop.num_heads,
+            loop.num_kv_heads,
+            self.head_dim,
+            self.intermediate,
+        )
         scratch = torch.empty(self._scratch_bytes(x.element_size(), *dims), dtype=torch.uint8)
         out = torch.empty(tokens, self.hidden, dtype=x.dtype)
         table = meta.decode_block_table
         rc = self._fn(
-            self.bf16, ptrs.ctypes.data, self.eps.ctypes.data, len(self.layer_idx),
-            x.data_ptr(), *dims, cos.data_ptr(), sin.data_ptr(), cos.stride(1),
-            meta.slot_mapping.data_ptr(), table.data_ptr(), table.stride(0),
-            meta.decode_seq_lens.data_ptr(), meta.decode_max_len, meta.block_size, self.scale,
-            self.final_norm.weight.data_ptr(), self.final_norm.variance_epsilon, out.data_ptr(),
-            scratch.data_ptr(), torch.get_num_threads(),
-        )  # fmt: skip
+            self.bf16,
+            ptrs.ctypes.data,
+            self.eps.ctypes.data,
+            len(self.layer_idx),
+            x.data_ptr(),
+            *dims,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            cos.stride(1),
+            meta.slot_mapping.data_ptr(),
+            table.data_ptr(),
+            table.stride(0),
+            meta.decode_seq_lens.data_ptr(),
+            meta.decode_max_len,
+            meta.block_size,
+            self.scale,
+            self.final_norm.weight.data_ptr(),
+            self.final_norm.variance_epsilon,
+            out.data_ptr(),
+            scratch.data_ptr(),
+            torch.get_num_threads(),
+        )
         if rc == -2:
             log.info("no %s decode attention body on this CPU: the Python layer loop", x.dtype)
             self.enabled = False
@@ -148,12 +206,20 @@ def _layer_ptrs(layer, dtype: torch.dtype) -> dict[str, int] | None:
             or not all(isinstance(p, AmxLinear) and p.packed_weight is not None for p in packed)
         ):
             return None
-        ptrs.update(q=_ptr(layer.qkv.packed), q_bias=_ptr(layer.qkv.bias),
-                    gate=_ptr(mlp.gate_up_packed))  # fmt: skip
+        ptrs.update(
+            q=_ptr(layer.qkv.packed), q_bias=_ptr(layer.qkv.bias), gate=_ptr(mlp.gate_up_packed)
+        )
         linears = {"o": a.o_proj, "down": mlp.down_proj}
     else:
-        linears = {"q": a.q_proj, "k": a.k_proj, "v": a.v_proj, "o": a.o_proj,
-                   "gate": mlp.gate_proj, "up": mlp.up_proj, "down": mlp.down_proj}  # fmt: skip
+        linears = {
+            "q": a.q_proj,
+            "k": a.k_proj,
+            "v": a.v_proj,
+            "o": a.o_proj,
+            "gate": mlp.gate_proj,
+            "up": mlp.up_proj,
+            "down": mlp.down_proj,
+        }
         if layer.qkv is not None or not all(
             isinstance(p, NativePackedLinear) for p in linears.values()
         ):

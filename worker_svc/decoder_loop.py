@@ -170,6 +170,8 @@ def build(model: nn.Module, ops: FusedOps | None) -> DecoderLoop | None:
     loop = DecoderLoop(model, ops)
     log.info(
         "decoder loop: %d layers, q/k/v fused in %d, native decode stack %s",
-        len(loop.layers), loop.fused_qkv, "on" if loop.stack is not None else "off",
-    )  # fmt: skip
+        len(loop.layers),
+        loop.fused_qkv,
+        "on" if loop.stack is not None else "off",
+    )
     return loop

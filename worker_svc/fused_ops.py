@@ -76,9 +76,16 @@ class FusedOps:
         out = torch.empty(flat.shape, dtype=x.dtype)
         with profiled_range("splitserve::rms_norm"):
             self._rms_norms[x.dtype](
-                flat.data_ptr(), flat.shape[0], dim, flat.stride(0), weight.data_ptr(), eps,
-                out.data_ptr(), dim, torch.get_num_threads(),
-            )  # fmt: skip
+                flat.data_ptr(),
+                flat.shape[0],
+                dim,
+                flat.stride(0),
+                weight.data_ptr(),
+                eps,
+                out.data_ptr(),
+                dim,
+                torch.get_num_threads(),
+            )
         return out.view(x.shape)
 
     def add_rms_norm_(
@@ -90,19 +97,30 @@ class FusedOps:
         out = torch.empty(x.shape, dtype=x.dtype)
         with profiled_range("splitserve::add_rms_norm"):
             self._add_rms_norms[x.dtype](
-                x.data_ptr(), delta.data_ptr(), x.shape[0], x.shape[1], x.stride(0),
-                delta.stride(0), weight.data_ptr(), eps, out.data_ptr(), x.shape[1],
+                x.data_ptr(),
+                delta.data_ptr(),
+                x.shape[0],
+                x.shape[1],
+                x.stride(0),
+                delta.stride(0),
+                weight.data_ptr(),
+                eps,
+                out.data_ptr(),
+                x.shape[1],
                 torch.get_num_threads(),
-            )  # fmt: skip
+            )
         return out
 
     def silu_mul_(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         """gate <- silu(gate) * up (both contiguous, same shape); returns gate."""
         with profiled_range("splitserve::silu_mul"):
             self._silu_muls[gate.dtype](
-                gate.data_ptr(), up.data_ptr(), gate.data_ptr(), gate.numel(),
+                gate.data_ptr(),
+                up.data_ptr(),
+                gate.data_ptr(),
+                gate.numel(),
                 torch.get_num_threads(),
-            )  # fmt: skip
+            )
         return gate
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor | None:
@@ -120,9 +138,13 @@ class FusedOps:
         out = torch.empty(rows, dtype=torch.int64)
         with profiled_range("splitserve::argmax"):
             rc = self._argmaxes[logits.dtype](
-                logits.data_ptr(), rows, cols, logits.stride(0), out.data_ptr(),
+                logits.data_ptr(),
+                rows,
+                cols,
+                logits.stride(0),
+                out.data_ptr(),
                 torch.get_num_threads(),
-            )  # fmt: skip
+            )
         return out if rc == 0 else None
 
     def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -133,10 +155,20 @@ class FusedOps:
         out = torch.empty((1, tokens, heads, head_dim), dtype=x.dtype).transpose(1, 2)
         with profiled_range("splitserve::rotary"):
             self._rotaries[x.dtype](
-                x.data_ptr(), out.data_ptr(), tokens, heads, head_dim, x.stride(2), x.stride(1),
-                out.stride(2), out.stride(1), cos.data_ptr(), sin.data_ptr(), cos.stride(1),
+                x.data_ptr(),
+                out.data_ptr(),
+                tokens,
+                heads,
+                head_dim,
+                x.stride(2),
+                x.stride(1),
+                out.stride(2),
+                out.stride(1),
+                cos.data_ptr(),
+                sin.data_ptr(),
+                cos.stride(1),
                 torch.get_num_threads(),
-            )  # fmt: skip
+            )
         return out
 
 

@@ -37,9 +37,10 @@ class WorkerLinkConfig:
     )
     max_message_bytes: int = _opt(64 * 1024 * 1024, "largest gRPC message accepted")
     tune_gc: bool = _opt(
-        True, "freeze what exists at start (the model) out of GC and collect young objects less "
+        True,
+        "freeze what exists at start (the model) out of GC and collect young objects less "
         "often: full collections otherwise walk it all, several times a second",
-    )  # fmt: skip
+    )
     tls: bool = _opt(False, "dial the scheduler over TLS")
     tls_ca_file: str = _opt("", "CA that signed the scheduler's certificate (implies --tls)")
     tls_cert_file: str = _opt("", "this worker's certificate, for mutual TLS")
@@ -167,10 +168,14 @@ class WorkerLinkClient:
         attached = False
         cfg = self.cfg
         channel = open_channel(
-            cfg.scheduler, options, cfg.tls or bool(cfg.tls_ca_file or cfg.tls_cert_file),
-            cfg.tls_ca_file or None, cfg.tls_cert_file or None, cfg.tls_key_file or None,
+            cfg.scheduler,
+            options,
+            cfg.tls or bool(cfg.tls_ca_file or cfg.tls_cert_file),
+            cfg.tls_ca_file or None,
+            cfg.tls_cert_file or None,
+            cfg.tls_key_file or None,
             cfg.tls_server_name or None,
-        )  # fmt: skip
+        )
         with channel:
             stub = pb_grpc.WorkerLinkStub(channel)
             self._call = call = stub.Connect(requests())
@@ -194,9 +199,12 @@ class WorkerLinkClient:
                     elif kind == "step":
                         outbox.put(pb.WorkerMessage(step_result=self._execute(msg.step)))
                     elif kind == "drained":
-                        log.info("drained", worker_id=self.worker_id,
-                                 finished=msg.drained.num_finished,
-                                 handed_back=msg.drained.num_handed_back)  # fmt: skip
+                        log.info(
+                            "drained",
+                            worker_id=self.worker_id,
+                            finished=msg.drained.num_finished,
+                            handed_back=msg.drained.num_handed_back,
+                        )
                         self.stopping.set()
                         break
             except grpc.RpcError as exc:

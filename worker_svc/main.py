@@ -28,8 +28,9 @@ def main(link_cfg: WorkerLinkConfig, runner_cfg, sim_cfg: SimConfig | None = Non
     if not link_cfg.worker_id:
         link_cfg.worker_id = f"{socket.gethostname()}-{os.getpid()}"
     if sim_cfg is not None and sim_cfg.simulate:
-        runner = SimRunner(sim_cfg, runner_cfg.model, runner_cfg.block_size,
-                           runner_cfg.max_model_len or 8192)  # fmt: skip
+        runner = SimRunner(
+            sim_cfg, runner_cfg.model, runner_cfg.block_size, runner_cfg.max_model_len or 8192
+        )
     else:
         from worker_svc.model_runner import ModelRunner
 

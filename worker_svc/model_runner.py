@@ -190,8 +190,12 @@ class ModelRunner:
         """One throwaway prefill of up to num_tokens tokens, finished at once. Without it the
         first long step of a fresh worker pays for page-faulting its activations' memory in,
         which makes that step markedly slower than the ones after it. Returns the tokens run."""
-        n = min(num_tokens, self.config.max_num_batched_tokens, self.max_model_len - 1,
-                self.num_blocks * self.block_size)  # fmt: skip
+        n = min(
+            num_tokens,
+            self.config.max_num_batched_tokens,
+            self.max_model_len - 1,
+            self.num_blocks * self.block_size,
+        )
         if n <= 0:
             return 0
         with torch.inference_mode():

@@ -181,17 +181,31 @@ class PagedDecodeKernel:
         if q.dtype != torch.float32:
             fn = self._io_fns.get("paged_prefill_bf16_io") if q.dtype == k_cache.dtype else None
             if fn is None:
-                return self.prefill(q.float(), k_cache, v_cache, block_table, q_start, q_len,
-                                    cached, scale).to(q.dtype)  # fmt: skip
+                return self.prefill(
+                    q.float(), k_cache, v_cache, block_table, q_start, q_len, cached, scale
+                ).to(q.dtype)
         out = torch.empty_like(q)
         rc = fn(
-            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(),
-            block_table.stride(0), q_start.data_ptr(), q_len.data_ptr(), cached.data_ptr(),
-            q_len.numel(), out.data_ptr(), heads, kv_heads, head_dim, block_size, scale,
-        )  # fmt: skip
+            q.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            block_table.data_ptr(),
+            block_table.stride(0),
+            q_start.data_ptr(),
+            q_len.data_ptr(),
+            cached.data_ptr(),
+            q_len.numel(),
+            out.data_ptr(),
+            heads,
+            kv_heads,
+            head_dim,
+            block_size,
+            scale,
+        )
         if rc == -2:  # no body takes bfloat16 q and out here
-            return self.prefill(q.float(), k_cache, v_cache, block_table, q_start, q_len, cached,
-                                scale).to(q.dtype)  # fmt: skip
+            return self.prefill(
+                q.float(), k_cache, v_cache, block_table, q_start, q_len, cached, scale
+            ).to(q.dtype)
         if rc != 0:
             raise MemoryError("paged prefill attention could not allocate its scratch buffers")
         return out
@@ -215,8 +229,9 @@ class PagedDecodeKernel:
         if q.dtype != torch.float32:
             fn = self._io_fns.get("paged_decode_bf16_io") if q.dtype == k_cache.dtype else None
             if fn is None:
-                return self(q.float(), k_cache, v_cache, block_table, seq_lens, max_seq_len,
-                            scale).to(q.dtype)  # fmt: skip
+                return self(
+                    q.float(), k_cache, v_cache, block_table, seq_lens, max_seq_len, scale
+                ).to(q.dtype)
         out = torch.empty_like(q)
         rc = fn(
             q.data_ptr(),
@@ -235,8 +250,9 @@ class PagedDecodeKernel:
             max_seq_len,
         )
         if rc == -2:  # no body takes bfloat16 q and out here
-            return self(q.float(), k_cache, v_cache, block_table, seq_lens, max_seq_len,
-                        scale).to(q.dtype)  # fmt: skip
+            return self(q.float(), k_cache, v_cache, block_table, seq_lens, max_seq_len, scale).to(
+                q.dtype
+            )
         if rc != 0:
             raise MemoryError("paged decode attention could not allocate its scratch buffers")
         return out

@@ -76,8 +76,9 @@ def run_splitserve_inproc(args, wl: Workload, runs) -> dict:
         e = engine()
         n = wl.num_requests
         times: list[list[float]] = [[] for _ in range(n)]
-        bar = tqdm(total=n * wl.max_tokens, desc=f"splitserve-inproc {mode}", unit="tok",
-                   leave=False)  # fmt: skip
+        bar = tqdm(
+            total=n * wl.max_tokens, desc=f"splitserve-inproc {mode}", unit="tok", leave=False
+        )
         t0 = time.perf_counter()
         i = 0
         while i < n or e.scheduler.has_unfinished_requests():
@@ -163,8 +164,12 @@ def run_hf_one_by_one(args, wl: Workload, runs) -> tuple[dict, dict]:
         res = hf_one_by_one(model, [wl.prompts[j] for j in idx], wl.max_tokens)
     measured = {}
     for j, (start, times), outs in zip(idx, model.calls, res["outputs"], strict=True):
-        measured[j] = (times[0] - start, times[-1] - times[0], [b - a for a, b in
-                       zip(times, times[1:], strict=False)], outs)  # fmt: skip
+        measured[j] = (
+            times[0] - start,
+            times[-1] - times[0],
+            [b - a for a, b in zip(times, times[1:], strict=False)],
+            outs,
+        )
     xs = [len(wl.prompts[j]) for j in idx]
 
     def fit(ys: list[float]):
@@ -220,8 +225,14 @@ def run_hf_static(args, wl: Workload, runs) -> dict:
         width = max(len(p) for p in group)
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in group])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
-        model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens,
-                       min_new_tokens=max_tokens, do_sample=False, pad_token_id=pad)  # fmt: skip
+        model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )
 
     out = {}
     with torch.inference_mode():
@@ -265,9 +276,11 @@ def run_generate_batch(args, wl: Workload, runs) -> dict:
     out = {}
     for mode, offsets in runs:
         cb = ContinuousBatchingConfig(
-            page_size=page, num_blocks=need, max_batch_tokens=args.max_num_batched_tokens,
+            page_size=page,
+            num_blocks=need,
+            max_batch_tokens=args.max_num_batched_tokens,
             allow_block_sharing=False,
-        )  # fmt: skip
+        )
         hints = WorkloadHints(max(wl.prompt_lens), wl.max_tokens, wl.num_requests)
         manager = model.init_continuous_batching(gen_cfg, cb, hints)
         manager.warmup()

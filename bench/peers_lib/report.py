@@ -47,7 +47,7 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
                 "ok": r.ok,
             }
             for r in results
-        ],  # fmt: skip
+        ],
     }
 
 
@@ -77,17 +77,36 @@ def print_tables(res: dict, args, console: Console | None = None) -> None:
             f"ratios are system ÷ {ref_name}",
             title_justify="left",
         )
-        cols = ["system", "out tok/s", "÷", "TTFT p50", "÷", "TTFT p99", "÷", "TPOT p50", "÷",
-                "TPOT p99", "÷", "ok"]  # fmt: skip
+        cols = [
+            "system",
+            "out tok/s",
+            "÷",
+            "TTFT p50",
+            "÷",
+            "TTFT p99",
+            "÷",
+            "TPOT p50",
+            "÷",
+            "TPOT p99",
+            "÷",
+            "ok",
+        ]
         for c in cols:
             table.add_column(c, justify="left" if c == "system" else "right")
         for system, s in rows.items():
             name = escape(system + (" [est.]" if s.get("estimated") else ""))
             g = ref or {}
-            cells = [name, f"{s['output_tok_s']:.1f}",
-                     _ratio(s["output_tok_s"], g.get("output_tok_s"))]  # fmt: skip
-            for key, p in (("ttft_ms", "p50"), ("ttft_ms", "p99"), ("tpot_ms", "p50"),
-                           ("tpot_ms", "p99")):  # fmt: skip
+            cells = [
+                name,
+                f"{s['output_tok_s']:.1f}",
+                _ratio(s["output_tok_s"], g.get("output_tok_s")),
+            ]
+            for key, p in (
+                ("ttft_ms", "p50"),
+                ("ttft_ms", "p99"),
+                ("tpot_ms", "p50"),
+                ("tpot_ms", "p99"),
+            ):
                 v = s[key][p]
                 cells += [_fmt_s(v), _ratio(v, g.get(key, {}).get(p))]
             cells.append(f"{s['completed']}/{s['completed'] + s['failed']}")

@@ -136,23 +136,49 @@ def run_splitserve_grpc(args, wl: Workload, runs, log_dir: Path) -> dict:
         cli[0] = sys.executable
     sched = Process(
         "splitserve-scheduler",
-        cli + ["scheduler", "--host", "127.0.0.1", "--port", str(port),
-               "--worker-port", str(wport), "--http-port", "0",
-               "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-               "--max-num-seqs", str(args.max_num_seqs), "--no-enable-prefix-caching",
-               "--log-level", "WARNING"],
+        cli
+        + [
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--worker-port",
+            str(wport),
+            "--http-port",
+            "0",
+            "--max-num-batched-tokens",
+            str(args.max_num_batched_tokens),
+            "--max-num-seqs",
+            str(args.max_num_seqs),
+            "--no-enable-prefix-caching",
+            "--log-level",
+            "WARNING",
+        ],
         log_dir,
-    )  # fmt: skip
+    )
     procs = [sched]
     try:
         worker = Process(
             "splitserve-worker",
-            cli + ["worker", "--scheduler", f"127.0.0.1:{wport}", "--worker-id", "peers-w0",
-                   "--num-threads", str(args.threads), "--dtype", args.dtype,
-                   "--kv-cache-memory", str(int(args.kv_cache_gib * (1 << 30))),
-                   "--log-level", "WARNING"],
+            cli
+            + [
+                "worker",
+                "--scheduler",
+                f"127.0.0.1:{wport}",
+                "--worker-id",
+                "peers-w0",
+                "--num-threads",
+                str(args.threads),
+                "--dtype",
+                args.dtype,
+                "--kv-cache-memory",
+                str(int(args.kv_cache_gib * (1 << 30))),
+                "--log-level",
+                "WARNING",
+            ],
             log_dir,
-        )  # fmt: skip
+        )
         procs.append(worker)
 
         def attached() -> bool:
@@ -162,9 +188,13 @@ def run_splitserve_grpc(args, wl: Workload, runs, log_dir: Path) -> dict:
 
         wait_until(attached, worker, 600, "the worker attached")
         ns = argparse.Namespace(
-            target=f"127.0.0.1:{port}", api_key=None, model=None, temperature=0.0,
-            ignore_eos=True, timeout=3600.0,
-        )  # fmt: skip
+            target=f"127.0.0.1:{port}",
+            api_key=None,
+            model=None,
+            temperature=0.0,
+            ignore_eos=True,
+            timeout=3600.0,
+        )
         return run_runs(lambda: GrpcBackend(ns), wl, runs, "splitserve-grpc")
     finally:
         for p in reversed(procs):
@@ -247,11 +277,26 @@ class LlamaBackend:
 def llama_server_argv(binary: Path, gguf: Path, args, wl: Workload, port: int) -> list[str]:
     per_slot = -(-(max(wl.prompt_lens) + wl.max_tokens + 16) // 256) * 256
     return [
-        str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-        "-np", str(args.llama_slots), "-cb", "-c", str(per_slot * args.llama_slots),
-        "-t", str(args.threads), "-tb", str(args.threads), "--cache-ram", "0",
+        str(binary),
+        "-m",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-np",
+        str(args.llama_slots),
+        "-cb",
+        "-c",
+        str(per_slot * args.llama_slots),
+        "-t",
+        str(args.threads),
+        "-tb",
+        str(args.threads),
+        "--cache-ram",
+        "0",
         *shlex.split(args.llama_args or ""),
-    ]  # fmt: skip
+    ]
 
 
 def run_llama_server(args, wl: Workload, runs, log_dir: Path, binary: Path) -> dict:

@@ -80,13 +80,23 @@ def synthetic_requests(args: argparse.Namespace, pool: list[int]) -> list[BenchR
     rng = random.Random(args.seed)
     n = args.num_prompts
     ins = sample_lengths(
-        rng, n, args.input_len, args.input_dist, args.range_ratio, args.sigma,
+        rng,
+        n,
+        args.input_len,
+        args.input_dist,
+        args.range_ratio,
+        args.sigma,
         args.max_input_len or 4 * args.input_len,
-    )  # fmt: skip
+    )
     outs = sample_lengths(
-        rng, n, args.output_len, args.output_dist, args.range_ratio, args.sigma,
+        rng,
+        n,
+        args.output_len,
+        args.output_dist,
+        args.range_ratio,
+        args.sigma,
         args.max_output_len or 4 * args.output_len,
-    )  # fmt: skip
+    )
     prefix = [rng.choice(pool) for _ in range(args.shared_prefix_len)]
     return [
         BenchRequest(prefix + [rng.choice(pool) for _ in range(i)], o)
@@ -419,8 +429,13 @@ def write_plot(res: dict, path: str) -> None:
         for t, n in timeline:
             bins[int(t / width)] = bins.get(int(t / width), 0) + n
         xs = sorted(bins)
-        ax[1, 1].bar([x * width for x in xs], [bins[x] / width for x in xs], width=width,
-                     align="edge", color="#2f9e5b")  # fmt: skip
+        ax[1, 1].bar(
+            [x * width for x in xs],
+            [bins[x] / width for x in xs],
+            width=width,
+            align="edge",
+            color="#2f9e5b",
+        )
     ax[1, 1].set(title="output tokens per second", xlabel="s", ylabel="tok/s")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -437,9 +452,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model name (default: the server's)")
     p.add_argument("--api-key", default=None, help="sent as Authorization: Bearer KEY")
     p.add_argument(
-        "--tokenizer", default=None, help="tokenizer whose vocabulary prompts are drawn from "
+        "--tokenizer",
+        default=None,
+        help="tokenizer whose vocabulary prompts are drawn from "
         "(anything --model of splitserve takes; default: SmolLM2)",
-    )  # fmt: skip
+    )
     p.add_argument("--vocab-size", type=int, default=None, help="draw ids below this instead")
     p.add_argument("--num-prompts", type=int, default=100)
     p.add_argument("--input-len", type=int, default=128, help="mean prompt length in tokens")
@@ -452,9 +469,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-output-len", type=int, default=None, help="clip (default 4x the mean)")
     p.add_argument("--shared-prefix-len", type=int, default=0, help="tokens all prompts share")
     p.add_argument(
-        "--request-rate", type=float, default=float("inf"),
+        "--request-rate",
+        type=float,
+        default=float("inf"),
         help="Poisson arrivals, requests/s (default inf: all at once)",
-    )  # fmt: skip
+    )
     p.add_argument("--max-concurrency", type=int, default=None, help="cap on requests in flight")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--ignore-eos", action="store_true", help="generate exactly max_tokens")

@@ -91,8 +91,9 @@ async def _serve(
         engine.submit(state)
     except Overloaded as exc:
         engine.observer.on_request_rejected("overloaded")
-        raise OpenAIError(429, str(exc), None, "rate_limit_exceeded",
-                          retry_after_s=exc.retry_after_s) from exc  # fmt: skip
+        raise OpenAIError(
+            429, str(exc), None, "rate_limit_exceeded", retry_after_s=exc.retry_after_s
+        ) from exc
     except RequestRejected as exc:
         engine.observer.on_request_rejected("invalid")
         raise OpenAIError(400, str(exc), None, "invalid_request") from exc

@@ -53,9 +53,11 @@ class StepCostModel:
 
     def compute_s(self, tokens: int, pairs: float, seqs: int) -> float:
         return (
-            self.base_s + self.per_token_s * tokens + self.per_ctx_token_s * pairs
+            self.base_s
+            + self.per_token_s * tokens
+            + self.per_ctx_token_s * pairs
             + self.per_seq_s * seqs
-        )  # fmt: skip
+        )
 
     def swap_s(self, num_blocks: int) -> float:
         if not num_blocks:

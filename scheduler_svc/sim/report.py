@@ -75,7 +75,7 @@ def summarize(res: SimResult) -> dict[str, Any]:
         "thrash_first_at_s": res.thrash_first_at,
         "tenant_shares": {(k or "-"): v / total_share for k, v in sorted(shares_src.items())}
         if total_share
-        else {},  # fmt: skip
+        else {},
         "deadlines_met": sum(deadlines) / len(deadlines) if deadlines else None,
         "ttft_p50_by_priority_s": {p: percentile(v, 50) for p, v in sorted(by_priority.items())},
         "stuck": res.stuck,
@@ -95,10 +95,19 @@ def print_table(results: Sequence[SimResult], title: str = "splitserve sim", con
     rows = [summarize(r) for r in results]
     table = Table(title=title)
     cols = [
-        "run", "done/refused", "out tok/s", "TTFT p50/p90/p99 s", "TTFT longest10% s",
-        "TPOT p50/p90/p99 ms", "preempt", "recomputed", "thrash max", "shares", "deadline",
+        "run",
+        "done/refused",
+        "out tok/s",
+        "TTFT p50/p90/p99 s",
+        "TTFT longest10% s",
+        "TPOT p50/p90/p99 ms",
+        "preempt",
+        "recomputed",
+        "thrash max",
+        "shares",
+        "deadline",
         "TTFT p50 by priority",
-    ]  # fmt: skip
+    ]
     for c in cols:
         left = c in ("run", "shares", "TTFT p50 by priority")
         table.add_column(c, justify="left" if left else "right")
@@ -138,13 +147,15 @@ def plot_ttft(results: Sequence[SimResult], path: Path | str, title: str = "") -
     import matplotlib.pyplot as plt
 
     labels = [r.label for r in results]
-    data = [[max(x.ttft, 1e-4) for x in r.records if x.ttft is not None] or [math.nan]
-            for r in results]  # fmt: skip
+    data = [
+        [max(x.ttft, 1e-4) for x in r.records if x.ttft is not None] or [math.nan] for r in results
+    ]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(results) + 6), 4.8))
     ok = [i for i, d in enumerate(data) if not math.isnan(d[0])]
     if ok:
-        parts = ax1.violinplot([data[i] for i in ok], positions=[i + 1 for i in ok],
-                               showmedians=True, showextrema=True)  # fmt: skip
+        parts = ax1.violinplot(
+            [data[i] for i in ok], positions=[i + 1 for i in ok], showmedians=True, showextrema=True
+        )
         for body in parts["bodies"]:
             body.set_alpha(0.5)
     ax1.set_yscale("log")

@@ -205,15 +205,17 @@ def _replace(s: SimSettings, **kw) -> SimSettings:
     return dataclasses.replace(s, **kw)
 
 
-def _rate(cfg: ScenarioConfig, tc: TraceConfig, load: float, cost: StepCostModel,
-          s: SimSettings) -> TraceConfig:  # fmt: skip
+def _rate(
+    cfg: ScenarioConfig, tc: TraceConfig, load: float, cost: StepCostModel, s: SimSettings
+) -> TraceConfig:
     """``tc`` at the user's request rate, else at ``load`` x the capacity of ``s``."""
     rate = cfg.request_rate if cfg.request_rate is not None else rate_for(load, cost, s, tc)
     return dataclasses.replace(tc, request_rate=rate)
 
 
-def _compare_policies(cfg: ScenarioConfig, s: SimSettings, trace: list[TraceRequest],
-                      opts: dict, default: list[str]) -> list[Run]:  # fmt: skip
+def _compare_policies(
+    cfg: ScenarioConfig, s: SimSettings, trace: list[TraceRequest], opts: dict, default: list[str]
+) -> list[Run]:
     names = list(cfg.policies or default)
     return [(_replace(s, policy=n, label=n, policy_options=opts), trace) for n in names]
 

@@ -167,15 +167,22 @@ class Simulator:
 
     # -- arrivals ---------------------------------------------------------------------------
     def _arrive(self, index: int, tr: TraceRequest) -> None:
-        rec = RequestRecord(tr.request_id, tr.tenant, tr.priority, tr.prompt_len, tr.output_len,
-                            tr.arrival, tr.deadline)  # fmt: skip
+        rec = RequestRecord(
+            tr.request_id,
+            tr.tenant,
+            tr.priority,
+            tr.prompt_len,
+            tr.output_len,
+            tr.arrival,
+            tr.deadline,
+        )
         self.records[tr.request_id] = rec
         request = Request(
             request_id=tr.request_id,
             prompt_token_ids=tr.prompt_token_ids(index, self.settings.shared_prefix_len),
             sampling_params=SamplingParams(
                 max_tokens=tr.output_len, temperature=0.0, ignore_eos=True
-            ),  # fmt: skip
+            ),
             priority=tr.priority,
             arrival_time=tr.arrival,
             tenant=tr.tenant,
@@ -242,8 +249,11 @@ class Simulator:
                 if w in pending or not sched.has_unfinished_requests():
                     continue
                 out = sched.schedule()
-                if not (out.total_num_scheduled_tokens or out.blocks_to_swap_out
-                        or out.blocks_to_swap_in):  # fmt: skip
+                if not (
+                    out.total_num_scheduled_tokens
+                    or out.blocks_to_swap_out
+                    or out.blocks_to_swap_in
+                ):
                     continue
                 for new in out.new_requests:
                     self._queued[self.records[new.request_id].tenant] -= 1

@@ -68,18 +68,22 @@ def make_trace(cfg: TraceConfig) -> list[TraceRequest]:
     for i in range(cfg.num_requests):
         if not burst and i:
             t += rng.expovariate(cfg.request_rate)
-        prompt = _lognormal(rng, cfg.prompt_median, cfg.prompt_sigma, cfg.prompt_min,
-                            cfg.prompt_max)  # fmt: skip
-        output = _lognormal(rng, cfg.output_median, cfg.output_sigma, cfg.output_min,
-                            cfg.output_max)  # fmt: skip
+        prompt = _lognormal(
+            rng, cfg.prompt_median, cfg.prompt_sigma, cfg.prompt_min, cfg.prompt_max
+        )
+        output = _lognormal(
+            rng, cfg.output_median, cfg.output_sigma, cfg.output_min, cfg.output_max
+        )
         tenant = rng.choices(names, weights)[0] if names else None
         priority = rng.choice(cfg.priorities)
         deadline = None
         if cfg.deadline_base_s or cfg.deadline_per_token_s or cfg.deadline_per_output_s:
             deadline = (
-                t + cfg.deadline_base_s + cfg.deadline_per_token_s * prompt
+                t
+                + cfg.deadline_base_s
+                + cfg.deadline_per_token_s * prompt
                 + cfg.deadline_per_output_s * output
-            )  # fmt: skip
+            )
         out.append(TraceRequest(f"r{i}", t, prompt, output, tenant, priority, deadline))
     return out
 

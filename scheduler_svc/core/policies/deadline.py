@@ -28,8 +28,10 @@ class DeadlinePolicy(SchedulingPolicy):
     aging = True  # refresh() every step: demotions
 
     def __init__(self, prefill_s_per_token: float = 2e-4, decode_s_per_token: float = 0.02):
-        for label, v in (("prefill_s_per_token", prefill_s_per_token),
-                         ("decode_s_per_token", decode_s_per_token)):  # fmt: skip
+        for label, v in (
+            ("prefill_s_per_token", prefill_s_per_token),
+            ("decode_s_per_token", decode_s_per_token),
+        ):
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"{label} must be a finite number >= 0; got {v!r}")
         self.prefill_s_per_token = prefill_s_per_token

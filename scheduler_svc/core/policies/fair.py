@@ -201,8 +201,11 @@ class FairSharePolicy(SchedulingPolicy):
     def system_vtime(self, exclude: str | None = None) -> float:
         """The smallest virtual time among active tenants (the system's virtual clock when
         none is active)."""
-        active = [self.vtime.get(t, self._vclock) for t in self._live
-                  if t != exclude and self.is_active(t)]  # fmt: skip
+        active = [
+            self.vtime.get(t, self._vclock)
+            for t in self._live
+            if t != exclude and self.is_active(t)
+        ]
         return min(active) if active else self._vclock
 
 
