@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -60,17 +59,6 @@ def source_key() -> str:
     return hashlib.sha256(source_bytes()).hexdigest()[:16]
 
 
-def cpu_flags_line() -> str:
-    """-march=native code is only valid on CPUs with the same features."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
@@ -107,7 +95,7 @@ def native_build(cache: Path, caps: cpu_caps.CpuCapabilities | None = None) -> P
         raise RuntimeError("this CPU has no AVX2 + FMA: the native kernels need at least that")
     flags = level_flags(caps)
     key = hashlib.sha256(
-        source_bytes() + " ".join(flags).encode() + cpu_flags_line().encode()
+        source_bytes() + " ".join([*flags, *sorted(caps.flags)]).encode()
     ).hexdigest()[:16]
     path = cache / f"{LIBRARY_PREFIX}-{caps.level}-{key}.so"
     return path if path.exists() else compile_to(path, flags)
