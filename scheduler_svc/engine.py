@@ -272,10 +272,14 @@ class ServingEngine:
         return session
 
     def detach(self, session: WorkerSession, reason: str) -> None:
-        """The worker is gone: its unfinished requests go back to the global queue."""
+        """The worker is gone: its unfinished requests go back to the global queue. Once per
+        session: a worker that registers again under its id (restarted by `splitserve up`)
+        while its old link still looks open replaces the old session here in `attach`, and the
+        old link's end must not then detach the new session's metrics and history."""
         session.mark_lost(reason)
-        if self.sessions.get(session.worker_id) is session:
-            del self.sessions[session.worker_id]
+        if self.sessions.get(session.worker_id) is not session:
+            return
+        del self.sessions[session.worker_id]
         if not self._live_sessions():
             self.worker_attached.clear()
         moved = self._hand_back(session, session.request_ids, reason)
