@@ -34,8 +34,11 @@ def _worker_parser(sub) -> None:
 
 def _up_parser(sub) -> None:
     from scheduler_svc.config import SchedulerServiceConfig
+    from splitserve.supervisor import SupervisorConfig
 
-    p = sub.add_parser("up", help="start a scheduler and N workers on this machine")
+    p = sub.add_parser(
+        "up", help="start a scheduler and N workers on this machine, restart a worker that dies"
+    )
     p.add_argument("--workers", type=int, default=1, help="number of workers")
     p.add_argument(
         "--worker-arg",
@@ -49,6 +52,7 @@ def _up_parser(sub) -> None:
         metavar="PROMPT",
         help="once a worker is attached, send PROMPT and print the answer",
     )
+    add_dataclass_args(p, SupervisorConfig)
     add_dataclass_args(p, SchedulerServiceConfig)
 
 
