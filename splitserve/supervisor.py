@@ -158,11 +158,11 @@ class Supervisor:
                 message=(
                     f"{child.spec.name} died again after {len(child.restarts)} restarts within "
                     f"{self.cfg.restart_window:g} s (--max-restarts {self.cfg.max_restarts}, "
-                    f"--restart-window {self.cfg.restart_window:g}); it stays down, "
+                    f"--restart-window {self.cfg.restart_window:g}); it stays down. "
                     + (
-                        f"{', '.join(left)} keep serving"
+                        f"Still serving: {', '.join(left)}"
                         if left
-                        else "and no worker is left: requests wait for one to attach"
+                        else "No worker is left: requests wait for one to attach"
                     )
                 ),
             )
