@@ -1,6 +1,7 @@
 """The packed GEMM of worker_svc/csrc/packed_gemm.c: pack a weight once, multiply often.
-float32, and bfloat16 (weights widened to float32 in the kernel's inner loop: the bfloat16 path
-of CPUs without bfloat16 arithmetic).
+float32, bfloat16 (weights widened to float32 in the kernel's inner loop: the bfloat16 path
+of CPUs without bfloat16 arithmetic), and int8 weights with a float32 scale per output column
+(worker_svc/quantization.py) under float32 or bfloat16 activations.
 
 The kernel lives in the same native library as the paged attention (native_attention.load()
 builds or finds it); it needs AVX2 + FMA (AVX-512 where the library is built for it), and
@@ -20,7 +21,7 @@ from worker_svc import native_attention
 
 _I64, _P = ctypes.c_int64, ctypes.c_void_p
 PROFILE_NAME = "splitserve::packed_sgemm"  # what the torch profiler shows for a call
-DTYPES = (torch.float32, torch.bfloat16)
+DTYPES = (torch.float32, torch.bfloat16)  # of the activations (and of the weights but int8)
 _NO_RANGE = contextlib.nullcontext()
 
 
@@ -38,6 +39,14 @@ class PackedGemm:
             # x, M, K, lda, packed, N, bias, y, ldy, threads
             fn.argtypes = [_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _I64]
             fn.restype = ctypes.c_int
+        # activations' dtype -> the int8-weight entry; empty in a library built before it
+        self._int8_fns = {}
+        if hasattr(lib, "packed_i8gemm"):
+            self._int8_fns = {torch.float32: lib.packed_i8gemm, torch.bfloat16: lib.packed_i8bgemm}
+        for fn in self._int8_fns.values():
+            # x, M, K, lda, packed, N, scale, bias, y, ldy, threads
+            fn.argtypes = [_P, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _I64, _I64]
+            fn.restype = ctypes.c_int
         self._elapsed = lib.packed_sgemm_elapsed_ns
         self._elapsed.restype = ctypes.c_int64
 
@@ -45,8 +54,13 @@ class PackedGemm:
         """Wall time spent in the kernel since the library loaded (every caller in the process)."""
         return self._elapsed() / 1e9
 
+    @property
+    def has_int8(self) -> bool:
+        return bool(self._int8_fns)
+
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
-        """[out, in] (nn.Linear's layout) -> [panels, in, panel_width], zero-padded, same dtype."""
+        """[out, in] (nn.Linear's layout) -> [panels, in, panel_width], zero-padded, same dtype
+        (int8 for quantized weights)."""
         out_features, in_features = weight.shape
         width = self.panel_width
         panels = -(-out_features // width)
@@ -55,36 +69,47 @@ class PackedGemm:
         return padded.view(panels, width, in_features).transpose(1, 2).contiguous()
 
     def __call__(
-        self, x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        packed: torch.Tensor,
+        out_features: int,
+        bias: torch.Tensor | None,
+        scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x [..., in] in the packed weight's dtype -> [..., out_features]."""
+        """x [..., in] in the packed weight's dtype (or float32 / bfloat16 over an int8 weight
+        with its float32 `scale` [out_features]; bias in x's dtype) -> [..., out_features]."""
         in_features = packed.shape[1]
         flat = x.reshape(-1, in_features)
-        if flat.stride(-1) != 1 or flat.dtype != packed.dtype or flat.dtype not in self._fns:
+        int8 = packed.dtype == torch.int8
+        fns = self._int8_fns if int8 else self._fns
+        if (
+            flat.stride(-1) != 1
+            or flat.dtype not in fns
+            or (not int8 and flat.dtype != packed.dtype)
+            or int8 != (scale is not None)
+        ):
             raise ValueError(
-                f"the packed GEMM takes {packed.dtype} rows with contiguous features "
-                f"(float32 or bfloat16), not {flat.dtype}"
+                f"the packed GEMM takes float32 or bfloat16 rows with contiguous features over "
+                f"a weight of their dtype or int8 with scales, not {flat.dtype} over {packed.dtype}"
             )
         rows = flat.shape[0]
         out = torch.empty(rows, out_features, dtype=flat.dtype)
         if rows:
             with profiled_range(PROFILE_NAME):
-                self._run(flat, packed, out, bias)
+                fns[flat.dtype](
+                    flat.data_ptr(),
+                    rows,
+                    in_features,
+                    flat.stride(0),
+                    packed.data_ptr(),
+                    out_features,
+                    *((scale.data_ptr(),) if int8 else ()),
+                    None if bias is None else bias.data_ptr(),
+                    out.data_ptr(),
+                    out.stride(0),
+                    torch.get_num_threads(),
+                )
         return out.view(*x.shape[:-1], out_features)
-
-    def _run(self, flat, packed, out, bias) -> None:
-        self._fns[flat.dtype](
-            flat.data_ptr(),
-            flat.shape[0],
-            flat.shape[1],
-            flat.stride(0),
-            packed.data_ptr(),
-            out.shape[1],
-            None if bias is None else bias.data_ptr(),
-            out.data_ptr(),
-            out.stride(0),
-            torch.get_num_threads(),
-        )
 
 
 def load() -> PackedGemm | None:
