@@ -49,6 +49,14 @@ class ModelRunnerConfig:
         "CPU: float32 linears run the native packed GEMM (AVX-512; else MKL on transposed "
         "weights); bfloat16 ones keep a copy packed for oneDNN at decode sizes",
     )
+    quantization: str = _opt(
+        "none",
+        "weights: none (the model's dtype) or int8 (weight-only, one float32 scale per output "
+        "channel; activations keep the dtype; every linear layer, lm_head included); int8 "
+        "runs on the CPU's native packed GEMM (avx2 level and up), elsewhere the worker refuses "
+        "to start",
+        choices=("none", "int8"),
+    )
     fused_ops: bool = _opt(
         True,
         "CPU float32 / bfloat16: RMSNorm and the SiLU-gated MLP product in one native pass "
@@ -92,3 +100,5 @@ class ModelRunnerConfig:
             raise ValueError(f"unknown attention_backend {self.attention_backend!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"unknown dtype {self.dtype!r}")
+        if self.quantization not in ("none", "int8"):
+            raise ValueError(f"unknown quantization {self.quantization!r}")

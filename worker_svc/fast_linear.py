@@ -1,8 +1,8 @@
 """Faster linear layers for the CPU forward, swapped into the stock Hugging Face model.
 
-`optimize_linears(model)` picks one kind per dtype from what the CPU can run (cpu_caps) and
-replaces each nn.Linear; the model's forward code is untouched. Weights are copied once at load;
-a tied lm_head gets its own copy.
+`optimize_linears(model, quantization)` picks one kind per dtype from what the CPU can run
+(cpu_caps) and replaces each nn.Linear; the model's forward code is untouched. Weights are copied
+once at load; a tied lm_head gets its own copy.
 
 - float32: `NativePackedLinear`, the native GEMM over a weight packed once into its panel layout
   (worker_svc/packed_gemm.py; AVX-512 or AVX2), which streams each panel once per call where
@@ -16,6 +16,10 @@ a tied lm_head gets its own copy.
 - bfloat16 on AVX2 (no bfloat16 arithmetic; oneDNN refuses it): `NativePackedLinear` on the
   native GEMM's bfloat16 entry, which widens each weight to float32 in its inner loop.
 - otherwise torch's own nn.Linear.
+- `--quantization int8`, float32 or bfloat16, whatever the CPU level above: `Int8PackedLinear`,
+  the native GEMM over the weight quantized to int8 with a scale per output channel
+  (worker_svc/quantization.py) and packed once into its panel layout; the activations keep the
+  model's dtype. Refused (quantization.Unsupported) where that GEMM is missing.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import logging
 import torch
 from torch import nn
 
-from worker_svc import amx_gemm, cpu_caps, packed_gemm
+from worker_svc import amx_gemm, cpu_caps, packed_gemm, quantization
 
 log = logging.getLogger("splitserve.worker.fast_linear")
 
@@ -65,6 +69,25 @@ class NativePackedLinear(nn.Module):
         if x.stride(-1) != 1:
             x = x.contiguous()
         return self._gemm(x, self.packed_weight, self.out_features, self.bias)
+
+
+class Int8PackedLinear(nn.Module):
+    def __init__(self, linear: nn.Linear, gemm: packed_gemm.PackedGemm) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self._gemm = gemm
+        weight, scale = quantization.quantize_int8(linear.weight)
+        self.packed_weight = nn.Parameter(gemm.pack(weight), requires_grad=False)
+        self.scale = nn.Parameter(scale, requires_grad=False)
+        bias = linear.bias
+        self.bias = (
+            None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        return self._gemm(x, self.packed_weight, self.out_features, self.bias, self.scale)
 
 
 PACKED_MAX_ROWS = 256  # above this the per-call layout of oneDNN wins (prefill chunks)
@@ -133,12 +156,16 @@ def packing_available(dtype: torch.dtype) -> bool:
     )
 
 
-def optimize_linears(model: nn.Module) -> str:
-    """Swap the model's nn.Linear modules in place (CPU); returns what they became."""
+def optimize_linears(model: nn.Module, quantization_method: str = "none") -> str:
+    """Swap the model's nn.Linear modules in place (CPU); returns what they became. Raises
+    quantization.Unsupported where the quantization cannot run here."""
     dtype = next(model.parameters()).dtype
+    quantization.check_supported(quantization_method, torch.device("cpu"), dtype)
     gemm = packed_gemm.load() if dtype in packed_gemm.DTYPES else None
-    amx = amx_gemm.load() if dtype == torch.bfloat16 else None
-    if gemm is not None and dtype == torch.float32:
+    amx = amx_gemm.load() if dtype == torch.bfloat16 and quantization_method == "none" else None
+    if quantization_method == "int8":
+        make, kind = (lambda linear: Int8PackedLinear(linear, gemm)), "int8-packed"
+    elif gemm is not None and dtype == torch.float32:
         make, kind = (lambda linear: NativePackedLinear(linear, gemm)), "native-packed"
     elif amx is not None:
         kind = "amx-packed"

@@ -32,6 +32,9 @@ def kernel_choices() -> dict[str, str]:
         "native library": native.path.name if native else "none (no C compiler, no prebuilt)",
         "linear float32": "native packed GEMM" if gemm else "MKL (weight transposed)",
         "linear bfloat16": bf16_linear,
+        "linear int8 (--quantization)": "native packed GEMM, int8 widened to float32"
+        if gemm is not None and gemm.has_int8
+        else "none (--quantization int8 refused)",
         "decode attention": "native paged"
         + (" (AVX512-BF16 bodies for bfloat16)" if native and native.bf16_dot else "")
         if native

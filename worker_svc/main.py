@@ -33,8 +33,13 @@ def main(link_cfg: WorkerLinkConfig, runner_cfg, sim_cfg: SimConfig | None = Non
         )
     else:
         from worker_svc.model_runner import ModelRunner
+        from worker_svc.quantization import Unsupported
 
-        runner = ModelRunner(runner_cfg)
+        try:
+            runner = ModelRunner(runner_cfg)
+        except Unsupported as exc:  # a setup this worker cannot run: say so, no traceback
+            log.error("worker_refused", reason=str(exc))
+            return 2
         runner.warm_up(runner_cfg.warmup_tokens)
     log.info(
         "worker_ready",

@@ -20,7 +20,7 @@ import torch
 
 from common.messages import SchedulerOutput
 from common.model_source import resolve_model
-from worker_svc import attention, cpu_caps, decoder_loop, fused_ops, native_attention
+from worker_svc import attention, cpu_caps, decoder_loop, fused_ops, native_attention, quantization
 from worker_svc.compile import compile_model
 from worker_svc.config import GiB, ModelRunnerConfig
 from worker_svc.cost_probe import time_throwaway_prefill
@@ -65,14 +65,15 @@ class ModelRunner:
             torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        quantization.check_supported(config.quantization, self.device, self.dtype)
         if config.keep_freed_memory:  # host memory: the CPU path's activations, the swap pool
             keep_freed_memory()
         self.source = resolve_model(config.model)
         started = time.perf_counter()
         self.model = load_model(self.source, self.dtype, self.device, attention.register())
         self.linear_kind = "stock"
-        if self.device.type == "cpu" and config.optimize_linears:
-            self.linear_kind = optimize_linears(self.model)
+        if self.device.type == "cpu" and (config.optimize_linears or config.quantization != "none"):
+            self.linear_kind = optimize_linears(self.model, config.quantization)
         self.fused_modules = 0
         if self.device.type == "cpu" and config.fused_ops and not config.compile:  # same job
             self.fused_modules = fuse_elementwise(self.model)
