@@ -23,7 +23,7 @@ log = get_logger("splitserve.supervisor")
 MAX_BACKOFF_S = 30.0
 POLL_S = 0.1
 HURRY_S = 5.0  # after SIGINT (leave now), seconds before SIGKILL
-SCHEDULER_STOP_S = 15.0  # the scheduler fails what is left and closes its ports in ~2 s
+SCHEDULER_STOP_S = 15.0  # generous: the scheduler gives its own servers a 2 s grace
 
 
 def _opt(default, help_text: str):
@@ -117,21 +117,27 @@ class Supervisor:
         """Start every child, supervise until a stop request or the scheduler's death, stop
         the rest. Returns the exit code: 0 after a stop request that every child obeyed in
         time, 1 when the scheduler died or a child had to be killed."""
-        for child in self.children:
-            self._start(child)
-        while not self.stopping:
-            now = time.monotonic()
+        try:
             for child in self.children:
-                if child.popen is not None and (code := child.popen.poll()) is not None:
-                    child.popen = None
-                    if child.spec.critical:
-                        self._critical_exit(child, code)
-                        return 1
-                    self._worker_exit(child, code, now)
-                elif child.restart_at is not None and now >= child.restart_at:
-                    self._start(child)
-            time.sleep(POLL_S)
-        return self._stop()
+                self._start(child)
+            while not self.stopping:
+                now = time.monotonic()
+                for child in self.children:
+                    if child.popen is not None and (code := child.popen.poll()) is not None:
+                        child.popen = None
+                        if child.spec.critical:
+                            self._critical_exit(child, code)
+                            return 1
+                        self._worker_exit(child, code, now)
+                    elif child.restart_at is not None and now >= child.restart_at:
+                        self._start(child)
+                time.sleep(POLL_S)
+            return self._stop()
+        finally:  # whatever went wrong here, leave no child behind (they have their own groups)
+            for child in self.children:
+                if child.running:
+                    child.popen.kill()
+                    child.popen.wait()
 
     def _start(self, child: Child) -> None:
         child.restart_at = None
