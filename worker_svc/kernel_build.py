@@ -24,14 +24,23 @@ SOURCES = tuple(
     CSRC / name
     for name in (
         "paged_attention.c",
+        "paged_decode_bf16.c",
+        "kv_write.c",
         "paged_prefill.c",
+        "paged_prefill_avx512.c",
         "packed_gemm.c",
         "fused_ops.c",
         "amx_gemm.c",
         "decode_stack.c",
     )
 )
-HEADERS = (CSRC / "simd_math.h", CSRC / "amx_tiles.h", CSRC / "work_runs.h")
+HEADERS = (
+    CSRC / "simd_math.h",
+    CSRC / "amx_tiles.h",
+    CSRC / "work_runs.h",
+    CSRC / "paged_attention.h",
+    CSRC / "paged_prefill.h",
+)
 LIBRARY_PREFIX = "cpu_kernels"
 PREBUILT_DIR = Path(__file__).with_name("prebuilt_kernels")
 # No -ffast-math: it links crtfastmath.o, which turns on flush-to-zero for the whole process
