@@ -5,7 +5,8 @@ layers (weights cold in cache, as in a real step) at decode and prefill row coun
     SPLITSERVE_CPU_LEVEL=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 \\
         ONEDNN_MAX_CPU_ISA=AVX2 python bench/linear_levels.py     # as an AVX2-only CPU would
 
-Kinds: torch's nn.Linear ("stock"), fast_linear's replacements that this level can build.
+Kinds: torch's nn.Linear ("stock"), fast_linear's replacements that this level can build
+(int8-packed: `--quantization int8`'s, weights int8 under activations of the dtype).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import nn
 
 from worker_svc import cpu_caps, packed_gemm
 from worker_svc.fast_linear import (
+    Int8PackedLinear,
     NativePackedLinear,
     PackedLinear,
     TransposedLinear,
@@ -47,6 +49,10 @@ def kinds(dtype: torch.dtype) -> dict:
         out["packed (oneDNN)"] = PackedLinear
     if gemm is not None:
         out[f"native-packed ({cpu_caps.capabilities().level})"] = lambda lin: NativePackedLinear(
+            lin, gemm
+        )
+    if gemm is not None and gemm.has_int8:
+        out[f"int8-packed ({cpu_caps.capabilities().level})"] = lambda lin: Int8PackedLinear(
             lin, gemm
         )
     return out

@@ -106,6 +106,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="float32",
         help="splitserve's weights and KV cache (HF baselines: float32)",
     )
+    p.add_argument(
+        "--quantization",
+        choices=("none", "int8"),
+        default="none",
+        help="splitserve's weights (the worker's --quantization; int8: per output channel)",
+    )
     p.add_argument("--llama-server", default=None, help="binary (default: the build script's)")
     p.add_argument("--llama-slots", type=int, default=64, help="llama-server -np")
     p.add_argument("--llama-args", default="", help="more llama-server flags, one string")
@@ -192,7 +198,9 @@ def run_system(system: str, args, wl, runs, log_dir: Path) -> tuple[dict, dict]:
 def notes(args, wl, info: dict) -> list[str]:
     out = [
         "llama.cpp runs the 4-bit Q4_1 GGUF weights (quantized matmuls, f16 KV cache); splitserve "
-        f"runs the same weights dequantized to {args.dtype} ({args.dtype} KV cache), the "
+        f"runs the same weights dequantized to {args.dtype}"
+        + (", then quantized to int8 per output channel" if args.quantization == "int8" else "")
+        + f" ({args.dtype} KV cache), the "
         "transformers/HF baselines float32. Same model, not the same arithmetic: this is not a "
         "like-for-like kernel race.",
         f"{args.threads} CPU threads per system on a {os.cpu_count()}-core machine "

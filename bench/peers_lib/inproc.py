@@ -41,6 +41,7 @@ def make_runner(args):
         ModelRunnerConfig(
             model=None,
             dtype=args.dtype,
+            quantization=args.quantization,
             num_threads=args.threads,
             kv_cache_memory=int(args.kv_cache_gib * GiB),
             max_num_seqs=max(256, args.max_num_seqs),

@@ -172,6 +172,8 @@ def run_splitserve_grpc(args, wl: Workload, runs, log_dir: Path) -> dict:
                 str(args.threads),
                 "--dtype",
                 args.dtype,
+                "--quantization",
+                args.quantization,
                 "--kv-cache-memory",
                 str(int(args.kv_cache_gib * (1 << 30))),
                 "--log-level",
