@@ -5,9 +5,9 @@ The runner's layer loop (decoder_loop.py) runs Python between the kernels of eve
 second OpenMP thread can only wait through that Python, and at decode sizes that wait is a
 noticeable share of a step. Here the same kernels run in the same order with the same arguments
 from C, so the result is the loop's bits (tested against it), for the steps where every row
-decodes and every layer runs on the native kernels: float32 on the packed GEMM, bfloat16 on the
-AMX GEMMs (q/k/v and gate/up fused as in the loop), both with the native norms, rotary and
-decode attention. Any other step, a step under the torch profiler (so its ops show), or
+decodes and every layer runs on the native kernels: float32 on the packed GEMM (over float32
+weights, or int8 ones under --quantization int8), bfloat16 on the AMX GEMMs (q/k/v and gate/up
+fused as in the loop), both with the native norms, rotary and decode attention. Any other step, a step under the torch profiler (so its ops show), or
 `SPLITSERVE_DECODE_STACK=0`, keeps the Python loop.
 """
 
@@ -23,7 +23,7 @@ import torch
 from torch.autograd import profiler
 
 from worker_svc import native_attention
-from worker_svc.fast_linear import AMX_MAX_ROWS, AmxLinear, NativePackedLinear
+from worker_svc.fast_linear import AMX_MAX_ROWS, AmxLinear, Int8PackedLinear, NativePackedLinear
 from worker_svc.fused_ops import NativeGatedMLP, NativeRotary
 
 log = logging.getLogger("splitserve.worker.decode_stack")
@@ -49,6 +49,13 @@ PTRS = (
     "down_bias",
     "k_cache",
     "v_cache",
+    "q_scale",  # int8 weights' per-column scales (0: float32 weights)
+    "k_scale",
+    "v_scale",
+    "o_scale",
+    "gate_scale",
+    "up_scale",
+    "down_scale",
 )
 _K_CACHE, _V_CACHE = PTRS.index("k_cache"), PTRS.index("v_cache")
 _AVAILABLE_BIT = {torch.float32: 1, torch.bfloat16: 2}
@@ -221,12 +228,13 @@ def _layer_ptrs(layer, dtype: torch.dtype) -> dict[str, int] | None:
             "down": mlp.down_proj,
         }
         if layer.qkv is not None or not all(
-            isinstance(p, NativePackedLinear) for p in linears.values()
+            isinstance(p, (NativePackedLinear, Int8PackedLinear)) for p in linears.values()
         ):
             return None
     for name, linear in linears.items():
         ptrs[name] = _ptr(linear.packed_weight)
         ptrs[f"{name}_bias"] = _ptr(linear.bias)
+        ptrs[f"{name}_scale"] = _ptr(getattr(linear, "scale", None))
     return ptrs
 
 

@@ -14,17 +14,20 @@
  *
  * Each layer's pointers: STACK_PTRS int64 values at layers[l * STACK_PTRS], in the order of the
  * enum below (0 for a missing bias; bfloat16 keeps the joint q/k/v weight in P_Q and the gate/up
- * pairs in P_GATE); eps[2 l], eps[2 l + 1] the two norms' epsilons; scratch holds
- * decode_stack_scratch_bytes() bytes. Returns 0; -2 when the attention has no body for these
- * inputs here (found in layer 0, before x changes: the caller can run its own loop instead); -1
- * when a kernel refused or ran out of memory part way (x is then undefined).
+ * pairs in P_GATE; a float32 layer's weight is int8 where its *_SCALE, the per-column scales of
+ * --quantization int8, is set, float32 where it is 0); eps[2 l], eps[2 l + 1] the two norms'
+ * epsilons; scratch holds decode_stack_scratch_bytes() bytes. Returns 0; -2 when the attention
+ * has no body for these inputs here (found in layer 0, before x changes: the caller can run its
+ * own loop instead); -1 when a kernel refused or ran out of memory part way (x is then
+ * undefined).
  */
 #include <stddef.h>
 #include <stdint.h>
 
 enum {
     P_INPUT_NORM, P_POST_NORM, P_Q, P_Q_BIAS, P_K, P_K_BIAS, P_V, P_V_BIAS, P_O, P_O_BIAS,
-    P_GATE, P_GATE_BIAS, P_UP, P_UP_BIAS, P_DOWN, P_DOWN_BIAS, P_K_CACHE, P_V_CACHE, STACK_PTRS
+    P_GATE, P_GATE_BIAS, P_UP, P_UP_BIAS, P_DOWN, P_DOWN_BIAS, P_K_CACHE, P_V_CACHE,
+    P_Q_SCALE, P_K_SCALE, P_V_SCALE, P_O_SCALE, P_GATE_SCALE, P_UP_SCALE, P_DOWN_SCALE, STACK_PTRS
 };
 
 int decode_stack_layer_ptrs(void) { return STACK_PTRS; }
@@ -84,6 +87,9 @@ int rotary_bf16(const uint16_t *x, uint16_t *out, int64_t tokens, int64_t heads,
                 int64_t num_threads);
 int packed_sgemm(const float *x, int64_t M, int64_t K, int64_t lda, const float *packed,
                  int64_t N, const float *bias, float *y, int64_t ldy, int64_t num_threads);
+int packed_i8gemm(const float *x, int64_t M, int64_t K, int64_t lda, const int8_t *packed,
+                  int64_t N, const float *scale, const float *bias, float *y, int64_t ldy,
+                  int64_t num_threads);
 int amx_gemm_bf16(const uint16_t *x, int64_t M, int64_t K, int64_t lda, const uint16_t *packed,
                   int64_t N, const uint16_t *bias, uint16_t *y, int64_t ldy, int64_t num_threads);
 int amx_gemm_bf16_silu_mul(const uint16_t *x, int64_t M, int64_t K, int64_t lda,
@@ -116,6 +122,15 @@ typedef struct {
     float scale;
 } Step;
 
+/* y [M, N] = x [M, K] @ the layer's weight `w` (+ its bias): float32, or int8 with scales */
+static int linear_f32(const int64_t *layer, int w, const float *x, int64_t M, int64_t K,
+                      int64_t N, float *y, int64_t nth) {
+    /* P_Q, P_K, ... P_DOWN each followed by its bias; their scales in the same order */
+    const int bias = w + 1, scale = P_Q_SCALE + (w - P_Q) / 2;
+    return PTR(scale) ? packed_i8gemm(x, M, K, K, PTR(w), N, PTR(scale), PTR(bias), y, N, nth)
+                      : packed_sgemm(x, M, K, K, PTR(w), N, PTR(bias), y, N, nth);
+}
+
 /* float32: the layer loop's separate packed GEMMs, the product of gate and up in place */
 static int layer_f32(const int64_t *layer, const float *eps, int first, float *x, const Step *s,
                      const Buffers *b) {
@@ -125,9 +140,9 @@ static int layer_f32(const int64_t *layer, const float *eps, int first, float *x
     float *gate = (float *)b->gate, *up = (float *)b->up, *delta = (float *)b->delta;
     int rc = first ? rms_norm_f32(x, T, H, H, PTR(P_INPUT_NORM), eps[0], h, H, nth)
                    : add_rms_norm_f32(x, delta, T, H, H, H, PTR(P_INPUT_NORM), eps[0], h, H, nth);
-    rc |= packed_sgemm(h, T, H, H, PTR(P_Q), nq, PTR(P_Q_BIAS), (float *)b->q_raw, nq, nth);
-    rc |= packed_sgemm(h, T, H, H, PTR(P_K), nk, PTR(P_K_BIAS), (float *)b->k_raw, nk, nth);
-    rc |= packed_sgemm(h, T, H, H, PTR(P_V), nk, PTR(P_V_BIAS), (float *)b->v, nk, nth);
+    rc |= linear_f32(layer, P_Q, h, T, H, nq, (float *)b->q_raw, nth);
+    rc |= linear_f32(layer, P_K, h, T, H, nk, (float *)b->k_raw, nth);
+    rc |= linear_f32(layer, P_V, h, T, H, nk, (float *)b->v, nth);
     rc |= rotary_f32((const float *)b->q_raw, q, T, s->heads, s->head_dim, nq, s->head_dim, nq,
                      s->head_dim, s->cos, s->sin, s->cs_tok, nth);
     rc |= rotary_f32((const float *)b->k_raw, k, T, s->kv_heads, s->head_dim, nk, s->head_dim,
@@ -140,13 +155,13 @@ static int layer_f32(const int64_t *layer, const float *eps, int first, float *x
                           s->seq_lens, o, T, s->heads, s->kv_heads, s->head_dim, s->block_size,
                           s->scale, s->max_seq_len);
     if (rc) return rc == -2 && first ? -2 : -1;
-    rc = packed_sgemm(o, T, nq, nq, PTR(P_O), H, PTR(P_O_BIAS), (float *)b->attn, H, nth);
+    rc = linear_f32(layer, P_O, o, T, nq, H, (float *)b->attn, nth);
     rc |= add_rms_norm_f32(x, (const float *)b->attn, T, H, H, H, PTR(P_POST_NORM), eps[1], h, H,
                            nth);
-    rc |= packed_sgemm(h, T, H, H, PTR(P_GATE), I, PTR(P_GATE_BIAS), gate, I, nth);
-    rc |= packed_sgemm(h, T, H, H, PTR(P_UP), I, PTR(P_UP_BIAS), up, I, nth);
+    rc |= linear_f32(layer, P_GATE, h, T, H, I, gate, nth);
+    rc |= linear_f32(layer, P_UP, h, T, H, I, up, nth);
     rc |= silu_mul_f32(gate, up, gate, T * I, nth);
-    rc |= packed_sgemm(gate, T, I, I, PTR(P_DOWN), H, PTR(P_DOWN_BIAS), delta, H, nth);
+    rc |= linear_f32(layer, P_DOWN, gate, T, I, H, delta, nth);
     return rc ? -1 : 0;
 }
 

@@ -235,3 +235,40 @@ def test_runner_int8_tokens_and_logprobs_stay_close_to_unquantized(tiny_llama_di
         assert abs(after[token] - best) < LOGPROB_TOLERANCE
         if best - second[1] > 2 * LOGPROB_TOLERANCE:
             assert max(after, key=after.get) == token
+
+
+@pytest.fixture(scope="module")
+def llama_hd32_dir(tmp_path_factory):
+    """A 2-layer random Llama with head_dim 32, which the native rotary and decode stack take."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=300,
+        max_position_embeddings=256,
+        initializer_range=0.2,
+    )
+    path = tmp_path_factory.mktemp("llama-hd32")
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@needs_level("avx512", "the float32 decode stack")
+def test_int8_decode_steps_run_the_native_stack_with_the_loops_bits(llama_hd32_dir):
+    from tests.unit.worker.test_decode_stack import counted, stack_vs_loop
+
+    config = ModelRunnerConfig(
+        model=str(llama_hd32_dir), quantization="int8", block_size=4, num_gpu_blocks=256
+    )
+    runner = ModelRunner(config)
+    assert runner.forward_path == "decoder-loop+decode-stack"
+    counted(runner.decoder_loop.stack)
+    prompts = [[(i * 7 + j * 3) % 290 + 3 for j in range(2 + i % 9)] for i in range(21)]
+    got, want, used = stack_vs_loop(runner, prompts, chunk=8, decodes=4)
+    assert used == 3 and len(got) == 5  # the pure-decode steps; the two prefill ones not
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
