@@ -47,6 +47,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default=None, help="model (default SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--quantization", default="none", choices=("none", "int8"), help="weights")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (the runner and HF)")
     p.add_argument("--workload", type=Path, default=WORKLOAD)
@@ -335,6 +336,7 @@ def main() -> int:
     cfg = ModelRunnerConfig(
         model=args.model,
         dtype=args.dtype,
+        quantization=args.quantization,
         device=args.device,
         block_size=bs,
         num_gpu_blocks=need,
@@ -358,6 +360,7 @@ def main() -> int:
         "model": runner.model_name,
         "device": str(runner.device),
         "dtype": args.dtype,
+        "quantization": args.quantization,
         "threads": args.threads,
         "prompts": len(prompts),
         "max_tokens": max_tokens,
