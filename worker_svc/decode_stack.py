@@ -7,8 +7,9 @@ noticeable share of a step. Here the same kernels run in the same order with the
 from C, so the result is the loop's bits (tested against it), for the steps where every row
 decodes and every layer runs on the native kernels: float32 on the packed GEMM (over float32
 weights, or int8 ones under --quantization int8), bfloat16 on the AMX GEMMs (q/k/v and gate/up
-fused as in the loop), both with the native norms, rotary and decode attention. Any other step, a step under the torch profiler (so its ops show), or
-`SPLITSERVE_DECODE_STACK=0`, keeps the Python loop.
+fused as in the loop), both with the native norms, rotary and decode attention. Any other
+step, a step under the torch profiler (so its ops show), or `SPLITSERVE_DECODE_STACK=0`, keeps
+the Python loop.
 """
 
 from __future__ import annotations
