@@ -101,7 +101,7 @@ def test_fair_share_in_the_simulator_with_two_workers():
 
 
 def test_engine_workers_account_into_the_shared_policy():
-    from tests.unit.services.test_engine import (
+    from tests.engine_fakes import (
         FakeWorker,
         drain,
         make_engine,

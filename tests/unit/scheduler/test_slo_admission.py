@@ -126,7 +126,7 @@ def test_window_keeps_enough_tokens_on_a_slow_worker():
 
 def test_backpressure_refuses_with_the_reason_and_metrics_show_it():
     from scheduler_svc.metrics import MetricsObserver
-    from tests.unit.services.test_engine import make_engine
+    from tests.engine_fakes import make_engine
     from tests.unit.services.test_metrics import values
 
     engine = make_engine(thrash_backpressure=True, ttft_slo_ms=100.0)
@@ -151,7 +151,7 @@ def test_backpressure_refuses_with_the_reason_and_metrics_show_it():
 
 
 def test_engine_refuses_over_the_ttft_target_with_retry_after():
-    from tests.unit.services.test_engine import FakeWorker, make_engine, make_state, registration
+    from tests.engine_fakes import FakeWorker, make_engine, make_state, registration
 
     engine = make_engine(ttft_slo_ms=500.0, worker_queue_depth=64)
     engine.attach(registration("w", num_blocks=4096), FakeWorker())  # no step loop: all queue

@@ -6,125 +6,18 @@ import asyncio
 
 import pytest
 
-from scheduler_svc.config import SchedulerServiceConfig
-from scheduler_svc.core import FinishReason, SamplingParams, SchedulerOutput
-from scheduler_svc.detokenizer import IncrementalDetokenizer
-from scheduler_svc.engine import ServingEngine
-from scheduler_svc.request_state import RequestState
-from scheduler_svc.worker_session import ExecuteTransport, StepReply, WorkerLost, WorkerRegistration
-
-VOCAB = 1000
-
-
-def next_token(history: list[int]) -> int:
-    h = 17
-    for t in history[-8:]:
-        h = (h * 31 + t) % 1_000_003
-    return 3 + h % (VOCAB - 3)
-
-
-def reference(prompt: list[int], n: int) -> list[int]:
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(next_token(seq))
-    return seq[len(prompt) :]
-
-
-class FakeDecoder:
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(f"<{t}>" for t in ids)
-
-
-class FakeWorker(ExecuteTransport):
-    """Plays the model runner: the next token is a function of the whole history."""
-
-    def __init__(self, fail_at_step: int | None = None) -> None:
-        self.prompts: dict[str, list[int]] = {}
-        self.tokens: dict[str, list[int]] = {}
-        self.steps = 0
-        self.fail_at_step = fail_at_step
-
-    async def execute(self, out: SchedulerOutput) -> StepReply:
-        await asyncio.sleep(0)
-        self.steps += 1
-        if self.fail_at_step is not None and self.steps >= self.fail_at_step:
-            raise WorkerLost("fake worker died")
-        for rid in out.finished_req_ids:
-            self.tokens.pop(rid, None)
-            self.prompts.pop(rid, None)
-        computed = {}
-        for new in out.new_requests:
-            self.prompts[new.request_id] = list(new.prompt_token_ids)
-            self.tokens[new.request_id] = new.prompt_token_ids + new.output_token_ids
-            computed[new.request_id] = new.num_computed_tokens
-        for cached in out.cached_requests:
-            computed[cached.request_id] = cached.num_computed_tokens
-            if cached.resumed:  # all output tokens so far are re-sent on resume
-                self.tokens[cached.request_id] = (
-                    self.prompts[cached.request_id] + cached.new_token_ids
-                )
-        sampled = {}
-        for rid, n in out.num_scheduled_tokens.items():
-            seq = self.tokens[rid]
-            if computed[rid] + n >= len(seq):
-                tok = next_token(seq)
-                seq.append(tok)
-                sampled[rid] = [tok]
-            else:
-                sampled[rid] = []
-        return StepReply(sampled)
-
-
-def make_engine(**overrides) -> ServingEngine:
-    cfg = SchedulerServiceConfig(
-        max_num_batched_tokens=64,
-        max_num_seqs=8,
-        max_model_len=512,
-        worker_wait_timeout=0.5,
-        **overrides,
-    )
-    return ServingEngine(cfg, "fake")
-
-
-def make_state(rid: str, prompt: list[int], max_tokens: int, stop=()) -> RequestState:
-    return RequestState(
-        request_id=rid,
-        prompt_token_ids=prompt,
-        params=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
-        detokenizer=IncrementalDetokenizer.for_prompt(FakeDecoder(), prompt, True, list(stop)),
-    )
-
-
-def registration(wid: str, num_blocks: int = 64) -> WorkerRegistration:
-    return WorkerRegistration(
-        wid,
-        "fake",
-        block_size=4,
-        num_device_blocks=num_blocks,
-        num_host_blocks=0,
-        max_model_len=512,
-    )
-
-
-async def drain(state: RequestState) -> tuple[list[int], list]:
-    tokens, deltas = [], []
-    while True:
-        delta = await asyncio.wait_for(state.queue.get(), 10)
-        deltas.append(delta)
-        tokens.extend(delta.token_ids)
-        if delta.finish_reason is not None:
-            return tokens, deltas
-
-
-async def submit_and_drain(engine, states: list[RequestState]) -> list[tuple[list[int], list]]:
-    for s in states:
-        engine.submit(s)
-    return await asyncio.gather(*(drain(s) for s in states))
-
-
-async def run_session(engine, session):
-    await engine.run_worker(session)
-    engine.detach(session, session.lost_reason or "test")
+from scheduler_svc.core import FinishReason, SamplingParams
+from tests.engine_fakes import (
+    FakeDecoder,
+    FakeWorker,
+    drain,
+    make_engine,
+    make_state,
+    reference,
+    registration,
+    run_session,
+    submit_and_drain,
+)
 
 
 def test_requests_finish_with_reference_tokens():

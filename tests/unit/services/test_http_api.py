@@ -14,7 +14,7 @@ from scheduler_svc.dashboard.history import DashboardHistory
 from scheduler_svc.http import HttpContext, create_app
 from scheduler_svc.intake import Intake
 from scheduler_svc.metrics import MetricsObserver, ObserverGroup
-from tests.unit.services.test_engine import (
+from tests.engine_fakes import (
     FakeWorker,
     make_engine,
     reference,

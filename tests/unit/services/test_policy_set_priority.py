@@ -15,7 +15,7 @@ from scheduler_svc.generation_service import GenerationService
 from scheduler_svc.http import HttpContext, create_app
 from scheduler_svc.intake import Intake
 from scheduler_svc.policy_control import PriorityChangeError, set_priority
-from tests.unit.services.test_engine import FakeWorker, make_engine, make_state, registration
+from tests.engine_fakes import FakeWorker, make_engine, make_state, registration
 
 
 class Aborted(Exception):

@@ -6,7 +6,7 @@ import asyncio
 
 from scheduler_svc.core import FinishReason
 from scheduler_svc.observer import EngineObserver
-from tests.unit.services.test_engine import (
+from tests.engine_fakes import (
     FakeWorker,
     drain,
     make_engine,
