@@ -37,42 +37,45 @@ from scheduler_svc.sim.trace import TraceConfig, TraceRequest, make_trace
 Run = tuple[SimSettings, list[TraceRequest]]
 
 
+_SIM, _TRACE = SimSettings(), TraceConfig()  # the defaults the flags start from
+
+
 @dataclass(slots=True)
 class ScenarioConfig:
     """Everything a scenario is run with: one field per `splitserve sim` setting flag (the flag
     is the field's name, dashed), with its generic default."""
 
     # trace
-    num_requests: int = 400
+    num_requests: int = _TRACE.num_requests
     request_rate: float | None = None  # Poisson arrivals/s; None: the scenario's load
-    prompt_median: float = 256.0  # log-normal
-    prompt_sigma: float = 0.9
-    prompt_max: int = 2048
-    output_median: float = 96.0
-    output_sigma: float = 0.8
-    output_max: int = 1024
+    prompt_median: float = _TRACE.prompt_median  # log-normal
+    prompt_sigma: float = _TRACE.prompt_sigma
+    prompt_max: int = _TRACE.prompt_max
+    output_median: float = _TRACE.output_median
+    output_sigma: float = _TRACE.output_sigma
+    output_max: int = _TRACE.output_max
     tenants: dict[str, float] = field(default_factory=dict)  # name -> share of requests
-    priorities: tuple[int, ...] = (0,)  # drawn uniformly
-    shared_prefix_len: int = 0
-    seed: int = 0
+    priorities: tuple[int, ...] = _TRACE.priorities  # drawn uniformly
+    shared_prefix_len: int = _TRACE.shared_prefix_len
+    seed: int = _TRACE.seed
     # scheduler
     policies: tuple[str, ...] | None = None  # None: the scenario's
-    workers: int = 1
-    max_num_batched_tokens: int = 512
-    max_num_seqs: int = 64
-    block_size: int = 16
-    num_blocks: int = 2048
-    num_host_blocks: int = 0
-    preemption_mode: str = "recompute"
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    max_model_len: int = 4096
+    workers: int = _SIM.num_workers
+    max_num_batched_tokens: int = _SIM.max_num_batched_tokens
+    max_num_seqs: int = _SIM.max_num_seqs
+    block_size: int = _SIM.block_size
+    num_blocks: int = _SIM.num_blocks
+    num_host_blocks: int = _SIM.num_host_blocks
+    preemption_mode: str = _SIM.preemption_mode
+    enable_chunked_prefill: bool = _SIM.enable_chunked_prefill
+    enable_prefix_caching: bool = _SIM.enable_prefix_caching
+    max_model_len: int = _SIM.max_model_len
     aging_rate: float | None = None  # None: the scenario's (from its trace) or the policy's
     weights: dict[str, float] | None = None  # fair share weights; None: the policy's
-    ttft_slo_ms: float = 0.0
-    thrash_threshold: float = 0.2
-    thrash_window_s: float = 10.0
-    thrash_backpressure: bool = False
+    ttft_slo_ms: float = _SIM.ttft_slo_ms
+    thrash_threshold: float = _SIM.thrash_threshold
+    thrash_window_s: float = _SIM.thrash_window_s
+    thrash_backpressure: bool = _SIM.thrash_backpressure
 
     def sim_settings(self) -> SimSettings:
         """The scheduler settings every run of the scenario starts from."""
