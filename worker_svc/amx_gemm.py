@@ -2,8 +2,8 @@
 multiply decode-sized inputs often.
 
 In the same native library as the other CPU kernels; it needs a CPU with AMX-BF16 and a kernel
-that grants the process the tile registers, and `load()` returns None otherwise (or with
-SPLITSERVE_AMX_GEMM=0), so callers keep oneDNN.
+that grants the process the tile registers, and `load()` returns None otherwise, so callers
+keep oneDNN.
 """
 
 from __future__ import annotations
@@ -114,5 +114,5 @@ class AmxGemm:
 def load() -> AmxGemm | None:
     if not cpu_caps.capabilities().has("amx"):
         return None
-    lib = native_attention.library_with("amx_gemm_available", "SPLITSERVE_AMX_GEMM")
+    lib = native_attention.library_with("amx_gemm_available")
     return AmxGemm(lib) if lib is not None and lib.amx_gemm_available() else None

@@ -38,6 +38,12 @@ class ModelRunnerConfig:
     seed: int = _opt(0, "seed of the generator for requests without their own seed")
     num_threads: int | None = _opt(None, "torch CPU threads; default torch's choice")
     decode_group_size: int = _opt(8, "decode rows per attention call, by context length")
+    kernels: str = _opt(
+        "native",
+        "native: the kernels this CPU level runs (splitserve worker --print-capabilities); "
+        "reference: torch's own ops only, on any device",
+        choices=("reference", "native"),
+    )
     attention_backend: str = _opt(
         "auto",
         "decode attention: native (C kernel reading the paged cache in place, CPU), torch "
@@ -100,5 +106,7 @@ class ModelRunnerConfig:
             raise ValueError(f"unknown attention_backend {self.attention_backend!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"unknown dtype {self.dtype!r}")
+        if self.kernels not in ("reference", "native"):
+            raise ValueError(f"unknown kernels {self.kernels!r}")
         if self.quantization not in ("none", "int8"):
             raise ValueError(f"unknown quantization {self.quantization!r}")

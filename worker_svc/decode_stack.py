@@ -8,8 +8,7 @@ from C, so the result is the loop's bits (tested against it), for the steps wher
 decodes and every layer runs on the native kernels: float32 on the packed GEMM (over float32
 weights, or int8 ones under --quantization int8), bfloat16 on the AMX GEMMs (q/k/v and gate/up
 fused as in the loop), both with the native norms, rotary and decode attention. Any other
-step, a step under the torch profiler (so its ops show), or `SPLITSERVE_DECODE_STACK=0`, keeps
-the Python loop.
+step, or a step under the torch profiler (so its ops show), keeps the Python loop.
 """
 
 from __future__ import annotations
@@ -241,7 +240,7 @@ def _layer_ptrs(layer, dtype: torch.dtype) -> dict[str, int] | None:
 
 def build(loop: LoopView) -> DecodeStack | None:
     """The stack for `loop` where every layer runs on the kernels it calls, else None."""
-    lib = native_attention.library_with("decode_stack_available", "SPLITSERVE_DECODE_STACK")
+    lib = native_attention.library_with("decode_stack_available")
     dtype = loop.inner.norm.weight.dtype
     if lib is None or not loop.layers or dtype not in _AVAILABLE_BIT:
         return None

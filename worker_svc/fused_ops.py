@@ -10,7 +10,7 @@ product would do.
 Swapped only where the math is known to be the same: the RMSNorm and MLP classes listed below
 (Llama's formulas; Gemma's `1 + weight` norm, for one, is not among them), float32 or bfloat16
 (rounded where torch's bfloat16 ops round), on the CPU, with the native library built with
-AVX-512. `SPLITSERVE_FUSED_OPS=0` keeps torch's ops.
+AVX-512. `--kernels reference` keeps torch's ops.
 """
 
 from __future__ import annotations
@@ -301,7 +301,7 @@ class NativeGatedMLP(nn.Module):
 
 
 def load() -> FusedOps | None:
-    lib = native_attention.library_with("fused_ops_available", "SPLITSERVE_FUSED_OPS")
+    lib = native_attention.library_with("fused_ops_available")
     return FusedOps(lib) if lib is not None and lib.fused_ops_available() else None
 
 

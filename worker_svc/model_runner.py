@@ -65,21 +65,23 @@ class ModelRunner:
             torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        quantization.check_supported(config.quantization, self.device, self.dtype)
+        # the native kernels run on the CPU only: every other device runs the reference path
+        self.native = self.device.type == "cpu" and config.kernels == "native"
+        quantization.check_supported(config.quantization, self.device, self.dtype, config.kernels)
         if config.keep_freed_memory:  # host memory: the CPU path's activations, the swap pool
             keep_freed_memory()
         self.source = resolve_model(config.model)
         started = time.perf_counter()
         self.model = load_model(self.source, self.dtype, self.device, attention.register())
         self.linear_kind = "stock"
-        if self.device.type == "cpu" and (config.optimize_linears or config.quantization != "none"):
+        if self.native and (config.optimize_linears or config.quantization != "none"):
             self.linear_kind = optimize_linears(self.model, config.quantization)
         self.fused_modules = 0
-        if self.device.type == "cpu" and config.fused_ops and not config.compile:  # same job
+        if self.native and config.fused_ops and not config.compile:  # same job
             self.fused_modules = fuse_elementwise(self.model)
         if config.compile:
             compile_model(self.model)
-        ops = fused_ops.load() if self.device.type == "cpu" and config.fused_ops else None
+        ops = fused_ops.load() if self.native and config.fused_ops else None
         self.decoder_loop = None
         if self.fused_modules and config.decoder_loop:
             self.decoder_loop = decoder_loop.build(self.model, ops)
@@ -167,9 +169,10 @@ class ModelRunner:
 
     @property
     def kernels(self) -> str:
-        """One line: the CPU level and the kernel of each op family (registration, logs)."""
-        if self.device.type != "cpu":
-            return f"{self.device.type} torch"
+        """One line: the CPU level and the kernel of each op family (registration, logs);
+        "reference <device>" where torch's own ops run everything."""
+        if not self.native:
+            return f"reference {self.device.type}"
         return (
             f"{cpu_caps.capabilities().level} linear={self.linear_kind} "
             f"decode-attention={'native' if self.decode_kernel else 'torch'} "
@@ -345,9 +348,11 @@ class ModelRunner:
 
     def _resolve_decode_kernel(self) -> PagedDecodeKernel | None:
         backend = self.config.attention_backend
-        if backend == "torch" or self.device.type != "cpu":
+        if backend == "torch" or not self.native:
             if backend == "native":
-                raise ValueError("attention_backend=native needs the CPU device")
+                raise ValueError(
+                    "attention_backend=native needs the CPU device and --kernels native"
+                )
             return None
         kernel = native_attention.load()
         if kernel is None or not kernel.supports(self.kv_cache.key_caches[0]):

@@ -7,7 +7,7 @@ loaded with ctypes: plain pointers in, no torch headers, about a second to build
 from the libgomp torch already loaded, so the kernel shares torch's threads. Where there is no
 compiler, a portable build shipped with the package is used (worker_svc/kernel_build.py; the
 worker image has one per x86-64 level); where there is neither, `load()` returns None and
-attention keeps the torch path.
+attention keeps the torch path. `--kernels reference` (ModelRunnerConfig.kernels) never loads it.
 """
 
 from __future__ import annotations
@@ -49,9 +49,8 @@ class PagedDecodeKernel:
             fn.argtypes = _ARGTYPES
             fn.restype = ctypes.c_int
         self._prefill_fns = {}
-        if getattr(lib, "paged_prefill_available", None) is not None and (
-            lib.paged_prefill_available() and os.environ.get("SPLITSERVE_NATIVE_PREFILL") != "0"
-        ):
+        prefill_available = getattr(lib, "paged_prefill_available", None)
+        if prefill_available is not None and prefill_available():
             self._prefill_fns = {
                 torch.float32: lib.paged_prefill_f32,
                 torch.bfloat16: lib.paged_prefill_bf16,
@@ -74,17 +73,12 @@ class PagedDecodeKernel:
         if getattr(lib, "paged_decode_set_bf16_dot", None) is not None:
             lib.paged_decode_set_bf16_dot.argtypes = [ctypes.c_int]
             lib.paged_decode_set_bf16_dot.restype = ctypes.c_int
-            self.set_bf16_dot(os.environ.get("SPLITSERVE_BF16_DOT_ATTENTION") != "0")
-        self.two_pass = False  # those bodies in two passes (scores, softmax, V)
-        if getattr(lib, "paged_decode_set_two_pass", None) is not None:
-            lib.paged_decode_set_two_pass.argtypes = [ctypes.c_int]
-            lib.paged_decode_set_two_pass.restype = ctypes.c_int
-            self.set_two_pass(os.environ.get("SPLITSERVE_TWO_PASS_ATTENTION") != "0")
+            self.set_bf16_dot(True)
         self.amx_prefill = False  # bfloat16 prefill attention on AMX tiles (head_dim 64)
         if self._prefill_fns and getattr(lib, "paged_prefill_set_amx", None) is not None:
             lib.paged_prefill_set_amx.argtypes = [ctypes.c_int]
             lib.paged_prefill_set_amx.restype = ctypes.c_int
-            self.set_amx_prefill(os.environ.get("SPLITSERVE_AMX_ATTENTION") != "0")
+            self.set_amx_prefill(True)
         self._write_kv = lib.write_kv
         self._write_kv.argtypes = [_P, _P, _P, _P, _P] + [_I64] * 8
         self._write_kv.restype = ctypes.c_int
@@ -96,8 +90,8 @@ class PagedDecodeKernel:
 
     def set_amx_prefill(self, on: bool) -> bool:
         """Prefill chunks over a bfloat16 cache (head_dim 64) on AMX tiles where the CPU has
-        them (`SPLITSERVE_AMX_ATTENTION=0` starts with them off): S = QK^T and O += PV as tile
-        products, P rounded to bfloat16 for PV. Returns whether they are on."""
+        them (on from the start; off to compare): S = QK^T and O += PV as tile products, P
+        rounded to bfloat16 for PV. Returns whether they are on."""
         fn = getattr(self.lib, "paged_prefill_set_amx", None)
         on = on and cpu_caps.capabilities().has("amx")
         self.amx_prefill = bool(fn(int(on))) if fn is not None else False
@@ -105,20 +99,13 @@ class PagedDecodeKernel:
 
     def set_bf16_dot(self, on: bool) -> bool:
         """Decode rows of a bfloat16 cache through AVX512-BF16 dot products (where the CPU has
-        them; `SPLITSERVE_BF16_DOT_ATTENTION=0` starts with them off): q.k on the cache's
-        bfloat16 pairs as they are, P rounded to bfloat16 for P.V. Returns whether they are on."""
+        them; on from the start, off to compare): q.k on the cache's bfloat16 pairs as they are,
+        in two passes (scores, one softmax per head, then V), P rounded to bfloat16 for P.V.
+        Returns whether they are on."""
         fn = getattr(self.lib, "paged_decode_set_bf16_dot", None)
         on = on and cpu_caps.capabilities().has("avx512-bf16")
         self.bf16_dot = bool(fn(int(on))) if fn is not None else False
         return self.bf16_dot
-
-    def set_two_pass(self, on: bool) -> bool:
-        """The AVX512-BF16 decode rows in two passes (scores, then one softmax per head, then V
-        with the accumulators in registers; the default) or as one pass of online softmax over
-        16-token chunks (to compare). Returns the setting."""
-        fn = getattr(self.lib, "paged_decode_set_two_pass", None)
-        self.two_pass = bool(fn(int(on))) if fn is not None else False
-        return self.two_pass
 
     def write_kv(
         self,
@@ -152,7 +139,7 @@ class PagedDecodeKernel:
         self, cache: torch.Tensor, heads: int, kv_heads: int, head_dim: int
     ) -> bool:
         """The prefill kernel: AVX-512 build, head_dim a multiple of 16 up to 256, at most 8
-        query heads per kv head (SPLITSERVE_NATIVE_PREFILL=0: SDPA per chunk instead)."""
+        query heads per kv head (elsewhere SDPA per chunk)."""
         return (
             cache.dtype in self._prefill_fns
             and self.supports(cache)
@@ -265,8 +252,6 @@ def load() -> PagedDecodeKernel | None:
     if _tried:
         return _loaded
     _tried = True
-    if os.environ.get("SPLITSERVE_NATIVE_ATTENTION", "1") == "0":
-        return None
     try:
         path = kernel_build.native_build(cache_dir() / "kernels")
     except (OSError, subprocess.CalledProcessError, RuntimeError) as exc:
@@ -282,11 +267,9 @@ def load() -> PagedDecodeKernel | None:
     return _loaded
 
 
-def library_with(symbol: str, switch: str) -> ctypes.CDLL | None:
-    """The native library, for the other kernels it carries: None where it is unavailable,
-    lacks `symbol`, or the environment variable `switch` is "0"."""
-    if os.environ.get(switch, "1") == "0":
-        return None
+def library_with(symbol: str) -> ctypes.CDLL | None:
+    """The native library, for the other kernels it carries: None where it is unavailable or
+    lacks `symbol`."""
     kernel = load()
     if kernel is None or not hasattr(kernel.lib, symbol):
         return None

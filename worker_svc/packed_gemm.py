@@ -5,8 +5,8 @@ of CPUs without bfloat16 arithmetic), and int8 weights with a float32 scale per 
 
 The kernel lives in the same native library as the paged attention (native_attention.load()
 builds or finds it); it needs AVX2 + FMA (AVX-512 where the library is built for it), and
-`load()` returns None where the library or that path is missing (or SPLITSERVE_NATIVE_GEMM=0),
-so callers keep torch's linear.
+`load()` returns None where the library or that path is missing, so callers keep torch's
+linear.
 """
 
 from __future__ import annotations
@@ -113,8 +113,8 @@ class PackedGemm:
 
 
 def load() -> PackedGemm | None:
-    """None where SPLITSERVE_NATIVE_GEMM=0 (to compare with MKL), or the kernel is missing."""
-    lib = native_attention.library_with("packed_sgemm_panel_width", "SPLITSERVE_NATIVE_GEMM")
+    """None where the library or the kernel is missing."""
+    lib = native_attention.library_with("packed_sgemm_panel_width")
     if lib is None:
         return None
     width = int(lib.packed_sgemm_panel_width())

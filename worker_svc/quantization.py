@@ -9,8 +9,8 @@ The packed GEMM (csrc/packed_gemm.c) keeps W_q in its panel layout, widens each 
 float32 in its inner loop, sums in float32 and applies scale[n] once per output, before the bias.
 
 It runs where that GEMM runs: the CPU at the avx2 level and up with the native library, for
-float32 or bfloat16 models. Elsewhere the runner refuses it at start (`Unsupported`, one
-sentence), before loading the model.
+float32 or bfloat16 models, under `--kernels native`. Elsewhere the runner refuses it at start
+(`Unsupported`, one sentence), before loading the model.
 """
 
 from __future__ import annotations
@@ -34,12 +34,20 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.clamp_(-127, 127).to(torch.int8), scale
 
 
-def check_supported(method: str, device: torch.device, dtype: torch.dtype) -> None:
+def check_supported(
+    method: str, device: torch.device, dtype: torch.dtype, kernels: str = "native"
+) -> None:
     """Raise Unsupported where `method` cannot run on this worker (ValueError if unknown)."""
     if method not in METHODS:
         raise ValueError(f"unknown quantization {method!r}; one of {', '.join(METHODS)}")
     if method == "none":
         return
+    if kernels == "reference":
+        raise Unsupported(
+            f"--quantization {method} runs on the native packed GEMM, and --kernels reference "
+            f"keeps to torch's own ops: start the worker with --kernels native or "
+            f"--quantization none."
+        )
     if device.type != "cpu":
         raise Unsupported(
             f"--quantization {method} runs on the CPU only (its kernel is the native packed "
@@ -54,7 +62,7 @@ def check_supported(method: str, device: torch.device, dtype: torch.dtype) -> No
     if gemm is None or not gemm.has_int8:
         raise Unsupported(
             f"--quantization {method} needs the native packed GEMM (the avx2 CPU level or "
-            f"above, a C compiler or a prebuilt kernel library, SPLITSERVE_NATIVE_GEMM not 0), "
+            f"above, and a C compiler or a prebuilt kernel library), "
             f"which this worker ({cpu_caps.capabilities().describe()}) does not have: start it "
             f"with --quantization none."
         )

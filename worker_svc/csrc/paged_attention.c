@@ -115,7 +115,7 @@ static inline __attribute__((always_inline)) void attend_chunk_bf16_group(
     const int64_t stride = a->kv_heads * a->head_dim, hd = a->head_dim;
     const __m512 scale = _mm512_set1_ps(a->scale);
     const __mmask16 valid = n == 16 ? 0xFFFF : (__mmask16)((1u << n) - 1);
-    __m512 dots[4][16]; /* fixed sizes: G <= 4, NV <= 8 (see attend_chunk_bf16_dot) */
+    __m512 dots[4][16]; /* fixed sizes: G <= 4, NV <= 8 (see qk_dots_bf16) */
     for (int64_t t = 0; t < 16; t++) {
         if (t >= n) {
             for (int g = 0; g < G; g++) dots[g][t] = _mm512_setzero_ps();
@@ -274,7 +274,7 @@ static int paged_decode(const Args *a, int64_t rows) {
             /* m, l, acc, and the queries as bfloat16 (half a float each) for the AVX512-BF16 bodies */
             int64_t floats = a->heads * (2 + a->head_dim + a->head_dim / 2 + 16);
 #if defined(HAVE_BF16_DOT)
-            if (a->bf16 && two_pass_state) floats += two_pass_floats(a);
+            if (a->bf16) floats += two_pass_floats(a);
 #endif
             float *state = malloc(sizeof(float) * floats);
             if (!state) {

@@ -83,8 +83,6 @@ static inline void prefetch_whole_block(const Args *a, const int64_t *blocks, in
 
 /* -1: not asked yet; 0: off (no AVX512-BF16, or switched off); 1: on */
 extern INTERNAL int bf16_dot_state;
-/* 1: two passes, 0: the one-pass online softmax, for comparison */
-extern INTERNAL int two_pass_state;
 
 static inline int bf16_dot_supported(void) {
     unsigned eax, ebx, ecx, edx;
@@ -102,8 +100,8 @@ static inline int64_t two_pass_len(const Args *a) {
     return ((a->max_seq_len > 0 ? a->max_seq_len : 1) + 31) & ~(int64_t)31;
 }
 
-/* Scratch floats a row needs in the two-pass body beyond the one-pass state: a score and a
- * bfloat16 weight per head and token. */
+/* Scratch floats a row needs in the two-pass body beyond the other bodies' state: a score and
+ * a bfloat16 weight per head and token. */
 static inline int64_t two_pass_floats(const Args *a) {
     return a->heads * two_pass_len(a) * 3 / 2;
 }

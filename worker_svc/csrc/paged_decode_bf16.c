@@ -1,8 +1,7 @@
-/* Paged decode attention: the AVX512-BF16 bodies for bfloat16 caches, one pass (an online
- * softmax per 16-token chunk) and two passes (scores, one softmax per head, then V; the
- * default), for the (group, head_dim) pairs in DOT_BODIES; their switches
- * (paged_decode_set_bf16_dot, paged_decode_set_two_pass). Entry points, dispatch and the other
- * bodies: paged_attention.c; shared declarations: paged_attention.h.
+/* Paged decode attention: the AVX512-BF16 bodies for bfloat16 caches, in two passes (scores,
+ * one softmax per head, then V), for the (group, head_dim) pairs in DOT_BODIES; their switch
+ * (paged_decode_set_bf16_dot). Entry points, dispatch and the other bodies: paged_attention.c;
+ * shared declarations: paged_attention.h.
  *
  * Compiled for AVX512-BF16 by target attributes (checked at run time, so the portable
  * x86-64-v4 build has them too); they never widen K or V to float32.
@@ -11,7 +10,6 @@
 
 #if defined(HAVE_BF16_DOT)
 int bf16_dot_state = -1;
-int two_pass_state = 1;
 
 /* The AVX512-BF16 bodies' shared steps. Arrays have fixed sizes (G <= 4, NV <= 8), not
  * [G][H]: sized by a parameter they would be variable-length arrays, kept on the stack even
@@ -100,91 +98,15 @@ BF16_DOT_TARGET static inline void queries_bf16(const Args *a, const float *q, u
             _mm256_storeu_si256((__m256i *)(qb + i), round_to_bf16x16(_mm512_loadu_ps(q + i)));
 }
 
-/* A bfloat16 cache's chunk of up to 16 tokens with AVX512-BF16 dot products (vdpbf16ps), all G
- * query heads of the kv head together. K and V are never widened to float32: q . k takes the
- * K row's bfloat16 pairs as they are (q is bfloat16 already in a bfloat16 model, so exact), and
- * V is summed two tokens at a time, the rows interleaved pairwise (unpack) and weighted by the
- * probabilities rounded to bfloat16 (as torch's bfloat16 attention rounds P before P.V), with
- * float32 accumulation. The accumulators hold the dims of each 32-dim slice permuted (what
- * the unpacks give); attend_row_bf16_dot puts them back in order once per row. */
-BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_chunk_bf16_dot(
-    const Args *a, int64_t off0, int64_t n, const uint16_t *qb, float *m, float *l, float *acc,
-    const int G, const int NV) {
-    const int H = NV / 2; /* 32-value slices of a row */
-    const int64_t stride = a->kv_heads * a->head_dim, hd = a->head_dim;
-    const uint16_t *kc = (const uint16_t *)a->k_cache + off0, *vc = (const uint16_t *)a->v_cache + off0;
-    const __m512 scale = _mm512_set1_ps(a->scale);
-    const __mmask16 valid = n == 16 ? 0xFFFF : (__mmask16)((1u << n) - 1);
-    __m512i q[4][4];
-    for (int g = 0; g < G; g++)
-        for (int c = 0; c < H; c++) q[g][c] = _mm512_loadu_si512(qb + g * hd + 32 * c);
-    __m512 dots[4][16];
-    qk_dots_bf16(kc, stride, n, q, dots, G, H);
-    uint16_t pw[4][16];
-    float alpha[16], shift[16] = {0};
-    __m512 sc[4];
-    for (int g = 0; g < G; g++) {
-        sc[g] = _mm512_mul_ps(hsum16(dots[g]), scale);
-        const float chunk_max = _mm512_mask_reduce_max_ps(valid, sc[g]);
-        const float m_new = chunk_max > m[g] ? chunk_max : m[g];
-        shift[g] = m[g] - m_new; /* -inf on the first chunk: alpha ~0 against a zero state */
-        m[g] = m_new;
-    }
-    _mm512_storeu_ps(alpha, exp512(_mm512_loadu_ps(shift))); /* 1 exactly where m stays */
-    for (int g = 0; g < G; g++) {
-        const __m512 p = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(sc[g], _mm512_set1_ps(m[g]))));
-        l[g] = l[g] * alpha[g] + _mm512_reduce_add_ps(p);
-        _mm256_storeu_si256((__m256i *)pw[g], round_to_bf16x16(p)); /* invalid tokens: 0 */
-    }
-    __m512 av[4][8];
-    for (int g = 0; g < G; g++)
-        for (int c = 0; c < NV; c++)
-            av[g][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * hd + 16 * c), _mm512_set1_ps(alpha[g]));
-    for (int64_t t = 0; t < n; t += 2) v_pair_bf16(vc, stride, t, n, &pw[0][0], 16, av, G, H);
-    for (int g = 0; g < G; g++)
-        for (int c = 0; c < NV; c++) _mm512_storeu_ps(acc + g * hd + 16 * c, av[g][c]);
-}
-
-/* attend_row_avx512_nv for a bfloat16 cache through attend_chunk_bf16_dot. state holds
- * [heads] m, [heads] l, [heads][head_dim] acc and the queries as bfloat16. */
-BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_row_bf16_dot_gn(
-    const Args *a, const int64_t *blocks, int64_t len, const float *q, float *state, float *o,
-    const int G, const int NV) {
-    const int64_t bs = a->block_size, hd = a->head_dim, heads = a->heads;
-    const int64_t nblocks = (len + bs - 1) / bs;
-    float *m = state, *l = state + heads, *acc = state + 2 * heads;
-    uint16_t *qb = (uint16_t *)(acc + heads * hd);
-    for (int64_t h = 0; h < heads; h++) m[h] = -INFINITY, l[h] = 0.f;
-    memset(acc, 0, sizeof(float) * heads * hd);
-    queries_bf16(a, q, qb);
-    prefetch_whole_block(a, blocks, 0, min64(bs, len));
-    for (int64_t b = 0; b < nblocks; b++) {
-        const int64_t block_start = b * bs, block_n = min64(bs, len - block_start);
-        if (b + 1 < nblocks) prefetch_whole_block(a, blocks, b + 1, min64(bs, len - block_start - bs));
-        for (int64_t kh = 0; kh < a->kv_heads; kh++) {
-            const int64_t base = block_offset(a, blocks, b, kh), h0 = kh * G;
-            for (int64_t c0 = 0; c0 < block_n; c0 += 16)
-                attend_chunk_bf16_dot(a, base + c0 * a->kv_heads * hd, min64(16, block_n - c0),
-                                      qb + h0 * hd, m + h0, l + h0, acc + h0 * hd, G, NV);
-        }
-    }
-    for (int64_t kh = 0; kh < a->kv_heads; kh++) {
-        __m512 av[4][8];
-        for (int g = 0; g < G; g++)
-            for (int c = 0; c < NV; c++) av[g][c] = _mm512_loadu_ps(acc + (kh * G + g) * hd + 16 * c);
-        finish_heads_bf16(a, av, l + kh * G, o, kh * G, G, NV / 2);
-    }
-}
-
 /* A row in two passes for a bfloat16 cache with AVX512-BF16. Pass 1 scores every token for
  * every head (block by block, all kv heads of a block together as they lie in memory); then a
  * softmax per head over the whole row with its one maximum (the probabilities rounded to
  * bfloat16 as torch's bfloat16 attention rounds P); pass 2 sums V per kv head, its group's
- * accumulators held in registers from the first token to the last. The one-pass online softmax
- * (kept for comparison) rescales, reloads and stores every head's accumulators and reduces a
- * running maximum for every 16 tokens, which costs more than a second pass over the row: the
- * row's V is ~0.4 KB per token, so after the first kv head's pass the others read it from L2.
- * scratch: the one-pass state's layout (m, l, acc, bfloat16 q), then scores and weights. */
+ * accumulators held in registers from the first token to the last. (A one-pass online softmax,
+ * which rescales, reloads and stores every head's accumulators and reduces a running maximum
+ * for every 16 tokens, cost more than this second pass over the row, docs/benchmarks.md: the
+ * row's V is ~0.4 KB per token, so after the first kv head's pass the others read it from L2.)
+ * scratch: m, l, acc, bfloat16 q (the other bodies' state layout), then scores and weights. */
 BF16_DOT_TARGET static inline __attribute__((always_inline)) void attend_row_bf16_2pass_gn(
     const Args *a, const int64_t *blocks, int64_t len, const float *q, float *state, float *o,
     const int G, const int NV) {
@@ -258,10 +180,7 @@ BF16_DOT_TARGET int attend_row_bf16_dot(const Args *a, const int64_t *blocks, in
     const int64_t group = a->heads / a->kv_heads, nv = a->head_dim / 16;
 #define DOT_BODY(G, NV)                                                     \
     if (group == G && nv == NV) {                                           \
-        if (two_pass_state)                                                 \
-            attend_row_bf16_2pass_gn(a, blocks, len, q, state, o, G, NV);   \
-        else                                                                \
-            attend_row_bf16_dot_gn(a, blocks, len, q, state, o, G, NV);     \
+        attend_row_bf16_2pass_gn(a, blocks, len, q, state, o, G, NV);       \
         return 1;                                                           \
     }
     DOT_BODIES(DOT_BODY)
@@ -271,18 +190,6 @@ BF16_DOT_TARGET int attend_row_bf16_dot(const Args *a, const int64_t *blocks, in
 #endif
 
 #if defined(__AVX512F__)
-/* The AVX512-BF16 bodies in two passes (1, the default) or as the one-pass online softmax (0),
- * for comparison. Returns the setting. */
-int paged_decode_set_two_pass(int on) {
-#if defined(HAVE_BF16_DOT)
-    two_pass_state = on ? 1 : 0;
-    return two_pass_state;
-#else
-    (void)on;
-    return 0;
-#endif
-}
-
 /* AVX512-BF16 decode bodies for bfloat16 caches: on (1) where the CPU has them, unless switched
  * off (0) for comparison. Returns whether they are on. */
 int paged_decode_set_bf16_dot(int on) {

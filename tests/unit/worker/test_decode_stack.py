@@ -1,7 +1,7 @@
 """The native decode stack (worker_svc/decode_stack.py) runs a pure-decode step's layers in one
 call and gives the Python layer loop's logits bit for bit (and so HF's forward's), in float32
-and bfloat16; steps with prefill chunks, steps under the profiler, and SPLITSERVE_DECODE_STACK=0
-keep the loop."""
+and bfloat16; steps with prefill chunks, steps under the profiler, and a stack switched off
+(DecodeStack.enabled) keep the loop."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from tests.cpu_levels import needs_level  # noqa: E402
 from tests.unit.worker.test_decoder_loop import run_steps  # noqa: E402
-from worker_svc import decode_stack, native_attention  # noqa: E402
+from worker_svc import native_attention  # noqa: E402
 from worker_svc.config import ModelRunnerConfig  # noqa: E402
 from worker_svc.model_runner import ModelRunner  # noqa: E402
 
@@ -132,19 +132,16 @@ def test_reads_the_live_weights(llama_hd64_dir):
 
 
 @needs_stack
-def test_off_by_environment_and_where_it_does_not_apply(
-    llama_hd64_dir, tiny_llama_dir, monkeypatch
-):
+def test_switched_off_and_where_it_does_not_apply(llama_hd64_dir, tiny_llama_dir):
     assert runner_for(tiny_llama_dir).forward_path == "decoder-loop"  # head_dim 16: no rotary
-    assert runner_for(llama_hd64_dir).forward_path == "decoder-loop+decode-stack"
-    monkeypatch.setenv("SPLITSERVE_DECODE_STACK", "0")
     runner = runner_for(llama_hd64_dir)
-    loop = runner.decoder_loop
-    assert loop.stack is None and decode_stack.build(loop) is None
+    assert runner.forward_path == "decoder-loop+decode-stack"
+    off = counted(runner.decoder_loop.stack)
+    off.enabled = False  # the Python loop, to compare
     assert runner.forward_path == "decoder-loop"
     prompts = [[5, 6, 7], [8, 9]]
     want = run_steps(runner, prompts, chunk=4, decodes=4)
-    monkeypatch.delenv("SPLITSERVE_DECODE_STACK")
+    assert off.calls == 0
     on = runner_for(llama_hd64_dir)
     stack = counted(on.decoder_loop.stack)
     got = run_steps(on, prompts, chunk=4, decodes=4)

@@ -158,9 +158,9 @@ def test_native_packed_linear_threads_do_not_change_the_result():
         torch.set_num_threads(before)
 
 
-def test_native_gemm_can_be_switched_off(monkeypatch):
-    monkeypatch.setenv("SPLITSERVE_NATIVE_GEMM", "0")
-    assert packed_gemm.load() is None
+def test_without_the_native_gemm_float32_linears_run_on_mkl(monkeypatch):
+    """A CPU below avx2 or a missing library: no packed GEMM, the transposed weights for MKL."""
+    monkeypatch.setattr(packed_gemm, "load", lambda: None)
     model = nn.Sequential(nn.Linear(8, 8))
     assert optimize_linears(model) == "transposed"
 
@@ -244,9 +244,11 @@ def test_amx_pack_puts_each_tile_in_vnni_order():
 
 
 @needs_amx
-def test_amx_linear_leaves_large_inputs_to_onednn_and_can_be_switched_off(monkeypatch):
+def test_amx_linear_leaves_large_inputs_to_onednn_and_is_off_below_amx(monkeypatch):
     lin = nn.Linear(64, 32).to(torch.bfloat16)
     x = torch.randn(AMX_MAX_ROWS + 1, 64).to(torch.bfloat16)
     assert torch.equal(AmxLinear(lin, AMX)(x), lin(x))
-    monkeypatch.setenv("SPLITSERVE_AMX_GEMM", "0")
+    monkeypatch.setattr(
+        "worker_svc.cpu_caps._probed", cpu_caps.probe({"SPLITSERVE_CPU_LEVEL": "avx512"})
+    )
     assert amx_gemm.load() is None

@@ -163,13 +163,16 @@ def test_int8_is_refused_on_cuda_and_float16_with_a_sentence():
 
 
 def test_runner_refuses_int8_without_the_native_gemm_before_loading(monkeypatch):
-    """SPLITSERVE_NATIVE_GEMM=0 stands for a CPU below avx2 or a missing library: the runner
+    """No packed GEMM (a CPU below avx2 or a missing library), or --kernels reference: the runner
     refuses before it looks for the model (a path that does not exist is never reached), and
     the worker's main says why and exits instead of raising."""
     from worker_svc import main as worker_main
     from worker_svc.link import WorkerLinkConfig
 
-    monkeypatch.setenv("SPLITSERVE_NATIVE_GEMM", "0")
+    reference = ModelRunnerConfig(model="/no/such/model", quantization="int8", kernels="reference")
+    with pytest.raises(quantization.Unsupported, match="--kernels reference keeps to torch's"):
+        ModelRunner(reference)
+    monkeypatch.setattr(packed_gemm, "load", lambda: None)
     config = ModelRunnerConfig(model="/no/such/model", quantization="int8")
     with pytest.raises(quantization.Unsupported, match="needs the native packed GEMM"):
         ModelRunner(config)

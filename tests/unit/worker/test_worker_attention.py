@@ -117,22 +117,15 @@ def check_mixed_batch(group_size, backend, H, KVH, D):  # noqa: N803 - the modul
 
 @pytest.mark.skipif(NATIVE is None, reason="no C compiler")
 @pytest.mark.parametrize(
-    ("dtype", "bf16_dot", "two_pass"),
-    [
-        (torch.float32, False, False),
-        (torch.bfloat16, False, False),
-        (torch.bfloat16, True, False),
-        (torch.bfloat16, True, True),
-    ],
+    ("dtype", "bf16_dot"),
+    [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)],
 )
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "head_dim"),  # groups of 3, 4 and 2 have their own bfloat16 bodies
     [(9, 3, 64), (8, 2, 64), (4, 2, 128), (8, 8, 128), (6, 2, 24), (16, 2, 64)],
 )
 @pytest.mark.parametrize(("bs", "q_scale"), [(16, 1.0), (8, 1.0), (32, 6.0), (3, 6.0)])
-def test_native_decode_kernel_matches_sdpa(
-    dtype, bf16_dot, two_pass, heads, kv_heads, head_dim, bs, q_scale
-):
+def test_native_decode_kernel_matches_sdpa(dtype, bf16_dot, heads, kv_heads, head_dim, bs, q_scale):
     """The C kernel (vectorised for head_dim % 16 == 0, plain loop otherwise) against SDPA on
     the gathered context, rows of very different lengths (odd ones too: the AVX512-BF16 bodies
     sum V two tokens at a time) over scattered blocks; blocks smaller and larger than the
@@ -140,23 +133,18 @@ def test_native_decode_kernel_matches_sdpa(
     from chunk to chunk (the vector path's softmax is online). The AVX512-BF16 bodies round P
     to bfloat16 before P.V, as torch's bfloat16 attention does: their error is held to the
     size of the bfloat16 rounding of the output itself (which the runner applies next). They
-    run in two passes (scores, one softmax per head, V) or as one online pass over 16-token
-    chunks; blocks of 3 tokens put pairs of V rows across block boundaries."""
+    run in two passes (scores, one softmax per head, V); blocks of 3 tokens put pairs of V rows
+    across block boundaries."""
     if bf16_dot and not NATIVE.set_bf16_dot(True):
         pytest.skip("no AVX512-BF16 on this CPU")
-    with kernel_bodies(bf16_dot=bf16_dot, two_pass=two_pass):
+    with kernel_bodies(bf16_dot=bf16_dot):
         check_decode_kernel(dtype, bf16_dot, heads, kv_heads, head_dim, bs, q_scale)
 
 
 @contextmanager
 def kernel_bodies(**switches: bool):
-    """NATIVE's optional bodies (bf16_dot, amx_prefill, two_pass) set for the block, then put
-    back."""
-    setters = {
-        "bf16_dot": NATIVE.set_bf16_dot,
-        "amx_prefill": NATIVE.set_amx_prefill,
-        "two_pass": NATIVE.set_two_pass,
-    }
+    """NATIVE's optional bodies (bf16_dot, amx_prefill) set for the block, then put back."""
+    setters = {"bf16_dot": NATIVE.set_bf16_dot, "amx_prefill": NATIVE.set_amx_prefill}
     was = {name: getattr(NATIVE, name) for name in switches}
     for name, on in switches.items():
         setters[name](on)
