@@ -67,15 +67,16 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--w64-repeats", type=int, default=1, help="W64 runs; the median is kept")
     p.add_argument("--no-optimize-linears", action="store_true", help="nn.Linear as loaded")
     p.add_argument(
-        "--no-native-gemm", action="store_true", help="float32 linears through MKL, not packed"
+        "--kernels",
+        default="native",
+        choices=("reference", "native"),
+        help="the runner's kernels: native (this CPU level's) or reference (torch's own ops)",
     )
     p.add_argument(
         "--no-keep-freed-memory", action="store_true", help="glibc malloc's default thresholds"
     )
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args()
-    if args.no_native_gemm:
-        os.environ["SPLITSERVE_NATIVE_GEMM"] = "0"
     only = {s for s in args.only.split(",") if s}
     args.sections = [s for s in SECTIONS if (not only or s in only) and s not in args.skip]
     q = args.quick
@@ -337,6 +338,7 @@ def main() -> int:
         model=args.model,
         dtype=args.dtype,
         quantization=args.quantization,
+        kernels=args.kernels,
         device=args.device,
         block_size=bs,
         num_gpu_blocks=need,
@@ -361,6 +363,7 @@ def main() -> int:
         "device": str(runner.device),
         "dtype": args.dtype,
         "quantization": args.quantization,
+        "kernels": runner.kernels,
         "threads": args.threads,
         "prompts": len(prompts),
         "max_tokens": max_tokens,
