@@ -156,32 +156,44 @@ def packing_available(dtype: torch.dtype) -> bool:
     )
 
 
+def linear_kind(dtype: torch.dtype, quantization_method: str = "none") -> str:
+    """The kind of linear layer this machine gives `dtype` weights (what optimize_linears
+    builds, and what `splitserve worker --print-capabilities` reports)."""
+    if quantization_method == "int8":
+        return "int8-packed"
+    native = dtype in packed_gemm.DTYPES and packed_gemm.load() is not None
+    if native and dtype == torch.float32:
+        return "native-packed"
+    if dtype == torch.bfloat16 and amx_gemm.load() is not None:
+        return "amx-packed"
+    if dtype == torch.float32:
+        return "transposed"
+    if packing_available(dtype):
+        return "packed"
+    return "native-packed" if native else "stock"
+
+
 def optimize_linears(model: nn.Module, quantization_method: str = "none") -> str:
     """Swap the model's nn.Linear modules in place (CPU); returns what they became. Raises
     quantization.Unsupported where the quantization cannot run here."""
     dtype = next(model.parameters()).dtype
     quantization.check_supported(quantization_method, torch.device("cpu"), dtype)
-    gemm = packed_gemm.load() if dtype in packed_gemm.DTYPES else None
-    amx = amx_gemm.load() if dtype == torch.bfloat16 and quantization_method == "none" else None
-    if quantization_method == "int8":
-        make, kind = (lambda linear: Int8PackedLinear(linear, gemm)), "int8-packed"
-    elif gemm is not None and dtype == torch.float32:
-        make, kind = (lambda linear: NativePackedLinear(linear, gemm)), "native-packed"
-    elif amx is not None:
-        kind = "amx-packed"
+    kind = linear_kind(dtype, quantization_method)
+    if kind == "stock":
+        return kind
+    gemm, amx = packed_gemm.load(), amx_gemm.load()
 
-        def make(linear: nn.Linear) -> nn.Module:
-            if amx.supports(linear.in_features, linear.out_features):
-                return AmxLinear(linear, amx)
-            return PackedLinear(linear) if packing_available(dtype) else linear
-    elif dtype == torch.float32:
-        make, kind = TransposedLinear, "transposed"
-    elif packing_available(dtype):
-        make, kind = PackedLinear, "packed"
-    elif gemm is not None:
-        make, kind = (lambda linear: NativePackedLinear(linear, gemm)), "native-packed"
-    else:
-        return "stock"
+    def make(linear: nn.Linear) -> nn.Module:
+        if kind == "int8-packed":
+            return Int8PackedLinear(linear, gemm)
+        if kind == "native-packed":
+            return NativePackedLinear(linear, gemm)
+        if kind == "transposed":
+            return TransposedLinear(linear)
+        if kind == "amx-packed" and amx.supports(linear.in_features, linear.out_features):
+            return AmxLinear(linear, amx)
+        return PackedLinear(linear) if packing_available(dtype) else linear
+
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):

@@ -9,29 +9,30 @@ from __future__ import annotations
 
 import torch
 
-from worker_svc import amx_gemm, cpu_caps, fused_ops, native_attention, packed_gemm
-from worker_svc.fast_linear import packing_available
+from worker_svc import cpu_caps, fused_ops, native_attention, packed_gemm
+from worker_svc.fast_linear import linear_kind
+
+# fast_linear.linear_kind's kinds, for people
+LINEAR_KINDS = {
+    "native-packed": "native packed GEMM",
+    "transposed": "MKL (weight transposed)",
+    "amx-packed": "AMX GEMM (decode sizes), oneDNN (prefill)",
+    "packed": "oneDNN, weight packed once (decode sizes)",
+    "stock": "torch",
+}
 
 
 def kernel_choices() -> dict[str, str]:
     """Op -> the kernel this machine runs it with (CPU; a CUDA worker runs torch's ops)."""
     caps = cpu_caps.capabilities()
     native = native_attention.load()
-    gemm, amx, ops = packed_gemm.load(), amx_gemm.load(), fused_ops.load()
-    if amx is not None:
-        bf16_linear = "AMX GEMM (decode sizes), oneDNN (prefill)"
-    elif packing_available(torch.bfloat16):
-        bf16_linear = "oneDNN, weight packed once (decode sizes)"
-    elif gemm is not None:
-        bf16_linear = "native packed GEMM, bfloat16 widened to float32"
-    else:
-        bf16_linear = "torch"
+    gemm, ops = packed_gemm.load(), fused_ops.load()
     prefill = native is not None and native.has_prefill
     return {
         "cpu level": caps.describe(),
         "native library": native.path.name if native else "none (no C compiler, no prebuilt)",
-        "linear float32": "native packed GEMM" if gemm else "MKL (weight transposed)",
-        "linear bfloat16": bf16_linear,
+        "linear float32": LINEAR_KINDS[linear_kind(torch.float32)],
+        "linear bfloat16": _bfloat16_linear(),
         "linear int8 (--quantization)": "native packed GEMM, int8 widened to float32"
         if gemm is not None and gemm.has_int8
         else "none (--quantization int8 refused)",
@@ -47,7 +48,14 @@ def kernel_choices() -> dict[str, str]:
     }
 
 
+def _bfloat16_linear() -> str:
+    kind = linear_kind(torch.bfloat16)
+    widened = ", bfloat16 widened to float32" if kind == "native-packed" else ""
+    return LINEAR_KINDS[kind] + widened
+
+
 def print_capabilities() -> None:
-    width = max(map(len, kernel_choices()))
-    for op, kernel in kernel_choices().items():
+    choices = kernel_choices()
+    width = max(map(len, choices))
+    for op, kernel in choices.items():
         print(f"{op:<{width}}  {kernel}")
