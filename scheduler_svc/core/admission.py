@@ -75,15 +75,28 @@ class AdmissionMixin:
             req.admitted_step = step.step_id
             running.append(req)
             self._running_by_id[rid] = req
-            step.cached_reqs.append(
-                CachedRequestData(
-                    rid,
-                    self.kv.block_ids(rid),
-                    c,
-                    resumed=True,
-                    new_token_ids=list(req.output_token_ids),
+            if rid in self._worker_known:
+                step.cached_reqs.append(
+                    CachedRequestData(
+                        rid,
+                        self.kv.block_ids(rid),
+                        c,
+                        resumed=True,
+                        new_token_ids=list(req.output_token_ids),
+                    )
                 )
-            )
+            else:  # swapped out before the worker heard of it (adopted, preempted at once)
+                self._worker_known.add(rid)
+                step.new_reqs.append(
+                    NewRequestData(
+                        rid,
+                        req.prompt_token_ids,
+                        req.sampling_params,
+                        self.kv.block_ids(rid),
+                        c,
+                        list(req.output_token_ids),
+                    )
+                )
             step.num_scheduled[rid] = n
             step.reqs.append(req)
             step.ns.append(n)

@@ -150,6 +150,22 @@ class BlockPool:
                 remove(block)
             block.ref_cnt += 1
 
+    def claim(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take these very blocks (a new leader adopting what a worker holds): a free one
+        leaves the free queue and its prefix-cache entry, since it holds the worker's KV now,
+        not what this pool last cached in it; ref++."""
+        remove = self.free_queue.remove
+        cached = self.cached
+        for block in blocks:
+            if block.ref_cnt == 0:
+                remove(block)
+                h = block.block_hash
+                if h is not None:
+                    if cached.get(h) is block:
+                        del cached[h]
+                    block.block_hash = None
+            block.ref_cnt += 1
+
     def free(self, blocks: Iterable[KVCacheBlock]) -> None:
         """ref--; blocks reaching 0 join the free queue in the given order (first = evicted
         first among the cached ones). Callers pass a request's blocks in reverse."""

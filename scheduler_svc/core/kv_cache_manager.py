@@ -40,6 +40,10 @@ class KVCacheManager:
         self.req_blocks: dict[str, list[KVCacheBlock]] = {}
         self.req_host_blocks: dict[str, list[int]] = {}  # swapped-out requests' host tables
         self._num_cached_blocks: dict[str, int] = {}  # leading blocks registered in the cache
+        # adoption (a new leader taking over a worker's rows): per adopted request how many
+        # leading blocks of its table it adopted, and per adopted block how many requests did
+        self._adopted: dict[str, int] = {}
+        self._adopted_refs: dict[int, int] = {}
 
     # -- queries ----------------------------------------------------------------------------
     @property
@@ -191,8 +195,55 @@ class KVCacheManager:
         rid = request.request_id
         self._num_cached_blocks.pop(rid, None)
         blocks = self.req_blocks.pop(rid, None)
+        if self._adopted and blocks is not None:
+            self._forget_adopted(rid, blocks)
         if blocks:
             self.pool.free(reversed(blocks))
+
+    # -- adoption ---------------------------------------------------------------------------
+    def adopt(self, request: Request, block_ids: Sequence[int], num_blocks: int) -> None:
+        """Hold the first ``num_blocks`` of ``block_ids`` for a request whose KV a worker
+        already holds there (a new leader taking over). A block another adopted request holds
+        is shared (ref++), as a prefix hit would share it. The blocks get no prefix-cache
+        hashes: they become cacheable only when recomputed. Raises ValueError, changing
+        nothing, for an id outside the pool or twice in the table, or a block in use by a
+        request this pool placed itself."""
+        rid = request.request_id
+        if rid in self.req_blocks or rid in self.req_host_blocks:
+            raise ValueError(f"request {rid!r} already holds blocks here; adopt it only once")
+        pool = self.pool
+        for b in block_ids:
+            if not 0 <= b < pool.num_blocks:
+                raise ValueError(
+                    f"block id {b} of request {rid!r} is outside this worker's pool of "
+                    f"{pool.num_blocks} blocks"
+                )
+        if len(set(block_ids)) != len(block_ids):
+            raise ValueError(f"request {rid!r} names a block twice in its table {block_ids}")
+        taken = [pool.blocks[b] for b in block_ids[:num_blocks]]
+        refs = self._adopted_refs
+        for block in taken:
+            if block.ref_cnt and not refs.get(block.block_id):
+                raise ValueError(
+                    f"block {block.block_id} of request {rid!r} is in use by a request this "
+                    "scheduler placed itself; a worker's table cannot claim it"
+                )
+        pool.claim(taken)
+        for block in taken:
+            refs[block.block_id] = refs.get(block.block_id, 0) + 1
+        self.req_blocks[rid] = taken
+        self._num_cached_blocks[rid] = len(taken)  # not registered: no hashes for them
+        self._adopted[rid] = len(taken)
+
+    def _forget_adopted(self, rid: str, blocks: list[KVCacheBlock]) -> None:
+        num = self._adopted.pop(rid, 0)
+        refs = self._adopted_refs
+        for block in blocks[:num]:
+            left = refs[block.block_id] - 1
+            if left:
+                refs[block.block_id] = left
+            else:
+                del refs[block.block_id]
 
     def reset_prefix_cache(self) -> bool:
         return self.pool.reset_prefix_cache()

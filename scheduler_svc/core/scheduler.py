@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from common.messages import CachedRequestData, SchedulerOutput
+from common.messages import CachedRequestData, NewRequestData, SchedulerOutput
 from scheduler_svc.core.admission import AdmissionMixin
+from scheduler_svc.core.adoption import AdoptionMixin
 from scheduler_svc.core.block_pool import KVCacheBlock
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.errors import RequestRejected, SchedulerConfigError
@@ -39,7 +40,7 @@ _RUNNING = RequestStatus.RUNNING
 MAX_STEPS_IN_FLIGHT = 8
 
 
-class Scheduler(AdmissionMixin, OutputProcessorMixin):
+class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
     def __init__(self, config: SchedulerConfig, waiting_queue: RequestQueue | None = None):
         self.config = config
         if waiting_queue is None:
@@ -78,6 +79,7 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
         # next token would need more KV than the whole pool holds (it could never run alone)
         self._length_limit = min(config.max_model_len, config.kv_capacity_tokens + 1)
         self._worker_known: set[str] = set()  # sent to the worker as new and not finished since
+        self._adopted_unsent: set[str] = set()  # adopted, running, not yet sent (adoption.py)
         self._finished_pending: set[str] = set()  # finished/aborted, reported by next schedule()
         # per step not yet applied (async scheduling keeps two in flight): its scheduled
         # requests, token counts and whether each samples; update_from_output() walks these
@@ -115,6 +117,7 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
         if req is not None:
             self.running.remove(req)
             self.kv.free(req)
+            self._adopted_unsent.discard(request_id)
         elif (req := self.swapped.remove(request_id)) is not None:
             self.kv.free_host(req)
         elif (req := self.waiting.remove(request_id)) is None:
@@ -193,6 +196,7 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
         reqs_append, ns_append = step.reqs.append, step.ns.append
         samples_append = step.samples.append
         length_limit = self._length_limit
+        adopted = self._adopted_unsent
         budget = step.budget
         num_decode = 0
         i = 0
@@ -229,7 +233,10 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
                 new_ids = [b.block_id for b in new_blocks]
             rid = req.request_id
             num_scheduled[rid] = n
-            cached_append(CachedRequestData(rid, new_ids, c))
+            if adopted and rid in adopted:
+                self._send_adopted(req, c, step)
+            else:
+                cached_append(CachedRequestData(rid, new_ids, c))
             reqs_append(req)
             ns_append(n)
             if c < req.max_computed_tokens:  # computed before a preemption: recomputed
@@ -246,6 +253,23 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
                 num_decode += 1
             i += 1
         step.budget, step.num_decode = budget, num_decode
+
+    def _send_adopted(self, req: Request, c: int, step: StepState) -> None:
+        """An adopted request's first step: the worker forgot its row, so it travels as new with
+        its whole block table, its KV held up to c (as after a prefix-cache hit)."""
+        rid = req.request_id
+        self._adopted_unsent.discard(rid)
+        self._worker_known.add(rid)
+        step.new_reqs.append(
+            NewRequestData(
+                rid,
+                req.prompt_token_ids,
+                req.sampling_params,
+                self.kv.block_ids(rid),
+                c,
+                list(req.output_token_ids),
+            )
+        )
 
     def _make_room(
         self, req: Request, n: int, i: int, step: StepState
@@ -284,6 +308,13 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
             if cached[j].request_id == rid:
                 del cached[j]
                 break
+        else:  # an adopted request's first step (_send_adopted): the worker will not hear of it
+            new = step.new_reqs
+            for j in range(len(new) - 1, -1, -1):
+                if new[j].request_id == rid:
+                    del new[j]
+                    self._worker_known.discard(rid)
+                    break
         for j in range(len(step.reqs) - 1, -1, -1):
             if step.reqs[j] is victim:
                 if step.samples[j]:
@@ -299,6 +330,7 @@ class Scheduler(AdmissionMixin, OutputProcessorMixin):
         cached), reset progress, requeue at the head of waiting (keeping arrival and priority)."""
         rid = victim.request_id
         del self._running_by_id[rid]
+        self._adopted_unsent.discard(rid)  # unsent, it now returns the way any request does
         victim.num_preemptions += 1
         self._num_preemptions += 1
         step.preempted.add(rid)

@@ -65,7 +65,9 @@ class FakeWorker:
         fresh: list[int] = []  # blocks newly given to a request: whatever they held is garbage
         for new in out.new_requests:
             assert new.request_id not in self.reqs, "new request the worker already holds"
-            fresh += new.block_ids[new.num_computed_tokens // bs :]  # after the prefix hit
+            # after the prefix hit (or an adopted request's computed tokens, whose last block
+            # may be partly written)
+            fresh += new.block_ids[-(-new.num_computed_tokens // bs) :]
             self.reqs[new.request_id] = _WorkerReq(
                 list(new.prompt_token_ids) + list(new.output_token_ids),
                 list(new.block_ids),
