@@ -89,13 +89,16 @@ def encode_step(
     handles: HandleTable,
     release: bool = True,
     into: worker_link_pb2.Step | None = None,
+    epoch: int = 0,
 ) -> worker_link_pb2.Step:
     """The scheduler's diff as a Step (written into `into`, e.g. the step field of the message
-    to send, when given: no copy). Handles of finished requests are released afterwards,
-    unless `release` is False (a pipelined sender releases them once every earlier step's
-    result, which may still name them, has been decoded)."""
+    to send, when given: no copy), stamped with the leader's `epoch`. Handles of finished
+    requests are released afterwards, unless `release` is False (a pipelined sender releases
+    them once every earlier step's result, which may still name them, has been decoded)."""
     step = worker_link_pb2.Step() if into is None else into
     step.step_id = out.step_id
+    if epoch:
+        step.epoch = epoch
     sched = out.num_scheduled_tokens
     for req_id in out.finished_req_ids:
         handle = handles.by_id.get(req_id)
@@ -115,6 +118,7 @@ def encode_step(
                 num_computed_tokens=new.num_computed_tokens,
                 num_scheduled_tokens=sched.get(new.request_id, 0),
                 output_token_ids=new.output_token_ids,
+                request_id=new.request_id,
             )
         )
     by_id = handles.by_id
@@ -240,7 +244,8 @@ def _bad_tokens(req_id: str, tokens: list[int], vocab: int) -> str:
 
 
 def decode_step(step: worker_link_pb2.Step) -> SchedulerOutput:
-    """On the worker: a Step as the core's SchedulerOutput, request ids being str(handle)."""
+    """On the worker: a Step as the core's SchedulerOutput, request ids being str(handle) (the
+    real ids travel in NewRequest.request_id; the link keeps them, see worker_svc/link.py)."""
     out = SchedulerOutput(step_id=step.step_id)
     sched = out.num_scheduled_tokens
     for new in step.new_requests:

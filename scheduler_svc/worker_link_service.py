@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -15,20 +16,32 @@ from common.pb import worker_link_pb2_grpc as pb_grpc
 from scheduler_svc.core import SchedulerOutput
 from scheduler_svc.core.preemption_cost import WorkerCosts
 from scheduler_svc.engine import ServingEngine
-from scheduler_svc.worker_session import StepReply, WorkerLost, WorkerRegistration, WorkerSession
+from scheduler_svc.worker_session import (
+    HeldRequest,
+    StepReply,
+    WorkerLost,
+    WorkerRegistration,
+    WorkerSession,
+)
 
 log = get_logger("splitserve.worker_link")
 REGISTER_TIMEOUT_S = 30.0
 
 
 class GrpcWorkerTransport:
-    """One worker's stream: write a Step, wait for its StepResult; watch for silence."""
+    """One worker's stream: write a Step (stamped with the leader's epoch), wait for its
+    StepResult; watch for silence."""
 
     def __init__(
-        self, context: grpc.aio.ServicerContext, timeout_s: float, vocab_size: int = 2**31
+        self,
+        context: grpc.aio.ServicerContext,
+        timeout_s: float,
+        vocab_size: int = 2**31,
+        epoch: int = 0,
     ) -> None:
         self.context = context
         self.vocab_size = vocab_size
+        self.epoch = epoch
         self.timeout_s = timeout_s
         self.handles = HandleTable()
         self.last_heard = time.monotonic()
@@ -42,7 +55,7 @@ class GrpcWorkerTransport:
         if self.lost_reason:
             raise WorkerLost(self.lost_reason)
         message = pb.SchedulerMessage()
-        encode_step(out, self.handles, release=False, into=message.step)
+        encode_step(out, self.handles, release=False, into=message.step, epoch=self.epoch)
         future = asyncio.get_running_loop().create_future()
         self.pending[out.step_id] = future
         try:
@@ -135,9 +148,20 @@ def check_registration(
     return None
 
 
+def held_requests(reg: pb.Register) -> list[HeldRequest]:
+    return [
+        HeldRequest(h.request_id, list(h.block_ids), h.num_computed_tokens, h.num_tokens)
+        for h in reg.held
+    ]
+
+
 class WorkerLinkService(pb_grpc.WorkerLinkServicer):
-    def __init__(self, engine: ServingEngine) -> None:
+    """Workers' streams into the engine. `epoch` is the leader's fencing token, stamped on the
+    RegisterAck and every Step (0: a single scheduler without etcd)."""
+
+    def __init__(self, engine: ServingEngine, epoch: Callable[[], int] = lambda: 0) -> None:
         self.engine = engine
+        self.epoch = epoch
         self._counter = 0
 
     async def Connect(self, request_iterator, context: grpc.aio.ServicerContext):  # noqa: N802
@@ -155,10 +179,16 @@ class WorkerLinkService(pb_grpc.WorkerLinkServicer):
         if problem is not None:
             log.warning("worker_refused", reason=problem[1], peer=context.peer())
             await context.abort(*problem)
+        epoch = self.epoch()
+        if reg.epoch > epoch:  # it follows a newer leader already: this one is fenced
+            log.warning("worker_refused", reason="fenced", epoch=epoch, worker_epoch=reg.epoch)
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"a newer leader (epoch {reg.epoch}) exists"
+            )
         self._counter += 1
         worker_id = reg.worker_id or f"worker-{self._counter}"
         transport = GrpcWorkerTransport(
-            context, self.engine.config.worker_timeout, reg.vocab_size or 2**31
+            context, self.engine.config.worker_timeout, reg.vocab_size or 2**31, epoch
         )
         registration = WorkerRegistration(
             worker_id=worker_id,
@@ -170,12 +200,15 @@ class WorkerLinkService(pb_grpc.WorkerLinkServicer):
             address=context.peer(),
             costs=WorkerCosts.from_message(reg),
             kernels=reg.kernels,
+            epoch=reg.epoch,
+            held=held_requests(reg),
         )
         await context.write(
             pb.SchedulerMessage(
                 register_ack=pb.RegisterAck(
                     worker_id=worker_id,
                     max_model_len=min(reg.max_model_len, self.engine.config.max_model_len),
+                    epoch=epoch,
                 )
             )
         )

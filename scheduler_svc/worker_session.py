@@ -53,6 +53,18 @@ class ExecuteTransport(abc.ABC):
 
 
 @dataclass(slots=True)
+class HeldRequest:
+    """A request whose row a worker still held when its link broke: the KV of its first
+    num_computed_tokens (of num_tokens known) tokens is in block_ids. A new leader adopts it
+    (Scheduler.adopt_request) instead of computing it again."""
+
+    request_id: str
+    block_ids: list[int]
+    num_computed_tokens: int
+    num_tokens: int
+
+
+@dataclass(slots=True)
 class WorkerRegistration:
     worker_id: str
     model: str
@@ -63,6 +75,8 @@ class WorkerRegistration:
     address: str = ""
     costs: WorkerCosts | None = None  # measured by the worker (preemption cost model)
     kernels: str = ""  # the worker's CPU level and kernel per op family, as it reported them
+    epoch: int = 0  # the highest leader epoch the worker has accepted
+    held: list[HeldRequest] = field(default_factory=list)  # rows it kept across a failover
 
 
 @dataclass(slots=True, eq=False)

@@ -150,6 +150,20 @@ class InputBatch:
         for req_id in list(self.states):
             self.remove(req_id)
 
+    def held_requests(self) -> list[tuple[str, list[int], int, int]]:
+        """Each request with a row: (request id, block table, tokens whose KV the cache holds,
+        tokens known). Preempted (and swapped-out) requests have no row: not held."""
+        return [
+            (
+                state.req_id,
+                self.block_table[row, : self.num_blocks[row]].tolist(),
+                int(self.num_computed[row]),
+                int(self.num_tokens[row]),
+            )
+            for row, state in enumerate(self.row_state)
+            if state is not None
+        ]
+
     # --- after a step ---
 
     def append_tokens(self, rows: np.ndarray, tokens: list[int]) -> None:

@@ -1,4 +1,10 @@
-"""The worker's side of the WorkerLink: dial, register, execute steps, reconnect on loss."""
+"""The worker's side of the WorkerLink: dial, register, execute steps, reconnect on loss.
+
+Across a scheduler failover: a lost link forgets the runner's rows but keeps its KV cache, and
+the next Register reports the rows it had (real request ids, block tables, tokens computed) for
+the new leader to adopt. Every leader message carries its epoch; the worker refuses (closes the
+link on) one older than the highest it has accepted. With --etcd it follows the leader there.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ def _opt(default, help_text: str, **meta):
 @dataclass(slots=True)
 class WorkerLinkConfig:
     scheduler: str = _opt("localhost:50052", "scheduler's worker-link address HOST:PORT")
+    etcd: str = _opt("", "etcd HOST:PORT: follow the leader scheduler there instead of --scheduler")
     worker_id: str = _opt("", "this worker's id (default: host-pid)")
     worker_secret: str = _opt("", "shared secret the scheduler expects")
     heartbeat_interval: float = _opt(2.0, "seconds between heartbeats")
@@ -65,6 +72,11 @@ class WorkerLinkClient:
         self.num_steps = 0
         self._last_reply_at: float | None = None  # perf_counter when the last result was sent
         self._costs: dict | None = None  # measured once, sent with every registration
+        self.epoch = 0  # the highest leader epoch accepted (fencing)
+        self._request_ids: dict[str, str] = {}  # the runner's row key (str(handle)) -> real id
+        self._held: list[pb.HeldRequest] = []  # rows when the last link broke, for Register
+        self._session_steps = 0
+        self._wake = threading.Event()  # ends a reconnect wait early (stop, switch)
 
     def registration(self) -> pb.Register:
         r = self.runner
@@ -82,6 +94,8 @@ class WorkerLinkClient:
             device=str(getattr(r, "device", "")),
             dtype=str(getattr(r, "dtype", "")),
             kernels=getattr(r, "kernels", "simulated"),
+            epoch=self.epoch,
+            held=self._held,
             **self.costs(),
         )
 
@@ -103,9 +117,33 @@ class WorkerLinkClient:
     def stop(self) -> None:
         """Leave now: in-flight requests move to other workers by recompute."""
         self.stopping.set()
+        self._wake.set()
         call = self._call
         if call is not None:
             call.cancel()
+
+    def switch_scheduler(self, address: str) -> None:
+        """Dial `address` from now on: the current link is closed and the next one opened at
+        once, without the reconnect backoff (the leader changed)."""
+        log.info("switching_scheduler", scheduler=address, previous=self.cfg.scheduler)
+        self.cfg.scheduler = address
+        self._wake.set()
+        call = self._call  # read after the address is set: see _run_session
+        if call is not None:
+            call.cancel()
+
+    def _capture_held(self) -> None:
+        """Before runner.reset(): the rows the runner holds, by real request id."""
+        ids = self._request_ids
+        self._held = [
+            pb.HeldRequest(
+                request_id=ids.get(key, key),
+                block_ids=block_ids,
+                num_computed_tokens=num_computed,
+                num_tokens=num_tokens,
+            )
+            for key, block_ids, num_computed, num_tokens in self.runner.held_requests()
+        ]
 
     def drain(self) -> None:
         """Leave gracefully: take no new requests, finish the running ones (within
@@ -125,18 +163,51 @@ class WorkerLinkClient:
     def run_forever(self) -> None:
         if self.cfg.tune_gc:  # as the scheduler does (scheduler_svc/main.py)
             tune_gc_for_serving()
+        watcher = self._follow_leader() if self.cfg.etcd else None
+        try:
+            self._reconnect_loop()
+        finally:
+            if watcher is not None:
+                watcher.stop()
+
+    def _reconnect_loop(self) -> None:
         backoff = 0.25
         while not self.stopping.is_set():
+            self._wake.clear()
             attached = self._run_session()
             if self.stopping.is_set() or self.draining:
                 break
+            if self._session_steps:  # else the rows (and the KV) are as last reported
+                self._capture_held()
             self.runner.reset()
+            self._request_ids.clear()
             if attached:
                 backoff = 0.25
+            if self._wake.is_set():  # switched to a new leader: dial it now
+                continue
             wait = min(self.cfg.reconnect_max_backoff, backoff) * (0.75 + random.random() / 2)
             log.info("reconnecting", scheduler=self.cfg.scheduler, wait_s=round(wait, 2))
-            self.stopping.wait(wait)
+            self._wake.wait(wait)
             backoff = min(self.cfg.reconnect_max_backoff, backoff * 2)
+
+    def _follow_leader(self):
+        """Watch etcd for the leader and switch to each new one; wait for the first."""
+        from common.coordination import LeaderWatcherThread  # etcd client: only with --etcd
+
+        def on_change(leader) -> None:
+            if leader is None:
+                log.warning("no_leader", etcd=self.cfg.etcd)
+            elif leader.epoch < self.epoch:
+                log.warning("fenced", epoch=leader.epoch, accepted=self.epoch, source="etcd")
+            else:
+                self.switch_scheduler(leader.info["worker_address"])
+
+        watcher = LeaderWatcherThread(self.cfg.etcd, on_change)
+        watcher.start()
+        log.info("waiting_for_leader", etcd=self.cfg.etcd)
+        while not self.stopping.is_set() and watcher.wait_for_leader(1.0) is None:
+            pass
+        return watcher
 
     def _run_session(self) -> bool:
         """One connection. Returns whether it got as far as being registered."""
@@ -147,6 +218,7 @@ class WorkerLinkClient:
         self._attached = False
         self._outbox = outbox
         self._last_reply_at = None
+        self._session_steps = 0
         done = threading.Event()
 
         def requests():
@@ -167,8 +239,9 @@ class WorkerLinkClient:
         ]
         attached = False
         cfg = self.cfg
+        address = cfg.scheduler
         channel = open_channel(
-            cfg.scheduler,
+            address,
             options,
             cfg.tls or bool(cfg.tls_ca_file or cfg.tls_cert_file),
             cfg.tls_ca_file or None,
@@ -179,6 +252,8 @@ class WorkerLinkClient:
         with channel:
             stub = pb_grpc.WorkerLinkStub(channel)
             self._call = call = stub.Connect(requests())
+            if cfg.scheduler != address:  # switched before the call could be cancelled
+                call.cancel()
             threading.Thread(target=heartbeats, daemon=True).start()
             # a reader thread takes each message off the stream as soon as it arrives, so the
             # next (pipelined) step is already decoded when this one is done: the main thread
@@ -191,12 +266,21 @@ class WorkerLinkClient:
                         raise msg
                     kind = msg.WhichOneof("msg")
                     if kind == "register_ack":
+                        if not self._accept_epoch(msg.register_ack.epoch, "register_ack"):
+                            break
                         attached = self._attached = True
                         self.worker_id = msg.register_ack.worker_id
                         log.info(
-                            "registered", worker_id=self.worker_id, scheduler=self.cfg.scheduler
+                            "registered",
+                            worker_id=self.worker_id,
+                            scheduler=address,
+                            epoch=self.epoch,
+                            held=len(self._held),
                         )
                     elif kind == "step":
+                        if not self._accept_epoch(msg.step.epoch, "step"):
+                            break
+                        self._session_steps += 1
                         outbox.put(pb.WorkerMessage(step_result=self._execute(msg.step)))
                     elif kind == "drained":
                         log.info(
@@ -211,6 +295,7 @@ class WorkerLinkClient:
                 if not self.stopping.is_set():
                     log.warning("link_lost", code=str(exc.code()), detail=exc.details())
             finally:
+                call.cancel()  # a no-op once the stream has ended; else the scheduler sees it end
                 done.set()
                 outbox.put(None)
                 self._call = None
@@ -218,9 +303,22 @@ class WorkerLinkClient:
                 self._attached = False
         return attached
 
+    def _accept_epoch(self, epoch: int, what: str) -> bool:
+        """Fencing: a leader older than one already accepted is refused (False)."""
+        if epoch < self.epoch:
+            log.warning("fenced", message=what, epoch=epoch, accepted=self.epoch)
+            return False
+        self.epoch = epoch
+        return True
+
     def _execute(self, step: pb.Step) -> pb.StepResult:
         started = time.perf_counter()
         idle = started - self._last_reply_at if self._last_reply_at is not None else 0.0
+        ids = self._request_ids
+        for handle in step.finished:
+            ids.pop(str(handle), None)
+        for new in step.new_requests:
+            ids[str(new.handle)] = new.request_id or str(new.handle)
         out = decode_step(step)
         try:
             result = self.runner.execute_model(out)

@@ -210,8 +210,12 @@ class ModelRunner:
     # --- the step ---
 
     def reset(self) -> None:
-        """Forget every request (the scheduler reconnected and starts from scratch)."""
+        """Forget every request (the link broke); the KV cache keeps what a leader adopts."""
         self.batch.clear()
+
+    def held_requests(self) -> list[tuple[str, list[int], int, int]]:
+        """Per row of the batch: (request key, block ids, num computed tokens, num tokens)."""
+        return self.batch.held_requests()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         so = scheduler_output

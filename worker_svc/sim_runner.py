@@ -62,32 +62,57 @@ class SimRunner:
         self.dtype = "none"
         self.prompts: dict[str, list[int]] = {}
         self.tokens: dict[str, list[int]] = {}
+        self.tables: dict[str, list[int]] = {}  # block tables, for held_requests()
+        self.computed: dict[str, int] = {}
+        self.preempted: set[str] = set()  # no row while preempted (or swapped out)
 
     def reset(self) -> None:
         self.prompts.clear()
         self.tokens.clear()
+        self.tables.clear()
+        self.computed.clear()
+        self.preempted.clear()
+
+    def held_requests(self) -> list[tuple[str, list[int], int, int]]:
+        """Per row: (request key, block ids, num computed tokens, num tokens)."""
+        return [
+            (rid, list(self.tables[rid]), self.computed[rid], len(tokens))
+            for rid, tokens in self.tokens.items()
+            if rid not in self.preempted
+        ]
 
     def execute_model(self, so: SchedulerOutput) -> SimOutput:
         started = time.perf_counter()
+        tables, computed, preempted = self.tables, self.computed, self.preempted
         for rid in so.finished_req_ids:
             self.prompts.pop(rid, None)
             self.tokens.pop(rid, None)
-        computed: dict[str, int] = {}
+            tables.pop(rid, None)
+            computed.pop(rid, None)
+            preempted.discard(rid)
+        preempted.update(r for r in so.preempted_req_ids if r in self.tokens)
         for new in so.new_requests:
-            self.prompts[new.request_id] = list(new.prompt_token_ids)
-            self.tokens[new.request_id] = list(new.prompt_token_ids) + list(new.output_token_ids)
-            computed[new.request_id] = new.num_computed_tokens
+            rid = new.request_id
+            self.prompts[rid] = list(new.prompt_token_ids)
+            self.tokens[rid] = list(new.prompt_token_ids) + list(new.output_token_ids)
+            computed[rid] = new.num_computed_tokens
+            tables[rid] = list(new.block_ids)
+            preempted.discard(rid)
         for cached in so.cached_requests:
-            computed[cached.request_id] = cached.num_computed_tokens
+            rid = cached.request_id
+            computed[rid] = cached.num_computed_tokens
             if cached.resumed:
-                self.tokens[cached.request_id] = self.prompts[cached.request_id] + list(
-                    cached.new_token_ids
-                )
+                self.tokens[rid] = self.prompts[rid] + list(cached.new_token_ids)
+                tables[rid] = list(cached.new_block_ids)
+                preempted.discard(rid)
+            elif cached.new_block_ids:
+                tables[rid].extend(cached.new_block_ids)
         sampled: dict[str, list[int]] = {}
         vocab = self.vocab_size
         for rid, n in so.num_scheduled_tokens.items():
             seq = self.tokens[rid]
-            if computed[rid] + n >= len(seq):
+            c = computed[rid] = computed[rid] + n
+            if c >= len(seq):
                 tok = sim_next_token(seq, vocab)
                 seq.append(tok)
                 sampled[rid] = [tok]

@@ -46,7 +46,7 @@ class Drained(_message.Message):
     def __init__(self, num_finished: _Optional[int] = ..., num_handed_back: _Optional[int] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("worker_id", "model", "block_size", "num_device_blocks", "num_host_blocks", "max_model_len", "vocab_size", "eos_token_id", "secret", "device", "dtype", "prefill_s_per_token", "prefill_s_per_token_ctx", "swap_bytes_per_s", "swap_latency_s", "kv_bytes_per_block", "kernels")
+    __slots__ = ("worker_id", "model", "block_size", "num_device_blocks", "num_host_blocks", "max_model_len", "vocab_size", "eos_token_id", "secret", "device", "dtype", "prefill_s_per_token", "prefill_s_per_token_ctx", "swap_bytes_per_s", "swap_latency_s", "kv_bytes_per_block", "kernels", "epoch", "held")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,8 @@ class Register(_message.Message):
     SWAP_LATENCY_S_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
     KERNELS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     block_size: int
@@ -81,15 +83,31 @@ class Register(_message.Message):
     swap_latency_s: float
     kv_bytes_per_block: int
     kernels: str
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., secret: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., prefill_s_per_token: _Optional[float] = ..., prefill_s_per_token_ctx: _Optional[float] = ..., swap_bytes_per_s: _Optional[float] = ..., swap_latency_s: _Optional[float] = ..., kv_bytes_per_block: _Optional[int] = ..., kernels: _Optional[str] = ...) -> None: ...
+    epoch: int
+    held: _containers.RepeatedCompositeFieldContainer[HeldRequest]
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., secret: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., prefill_s_per_token: _Optional[float] = ..., prefill_s_per_token_ctx: _Optional[float] = ..., swap_bytes_per_s: _Optional[float] = ..., swap_latency_s: _Optional[float] = ..., kv_bytes_per_block: _Optional[int] = ..., kernels: _Optional[str] = ..., epoch: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldRequest, _Mapping]]] = ...) -> None: ...
+
+class HeldRequest(_message.Message):
+    __slots__ = ("request_id", "block_ids", "num_computed_tokens", "num_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    num_computed_tokens: int
+    num_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
 class RegisterAck(_message.Message):
-    __slots__ = ("worker_id", "max_model_len")
+    __slots__ = ("worker_id", "max_model_len", "epoch")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     max_model_len: int
-    def __init__(self, worker_id: _Optional[str] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    epoch: int
+    def __init__(self, worker_id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("time",)
@@ -98,7 +116,7 @@ class Heartbeat(_message.Message):
     def __init__(self, time: _Optional[float] = ...) -> None: ...
 
 class NewRequest(_message.Message):
-    __slots__ = ("handle", "prompt_token_ids", "sampling", "block_ids", "num_computed_tokens", "num_scheduled_tokens", "output_token_ids")
+    __slots__ = ("handle", "prompt_token_ids", "sampling", "block_ids", "num_computed_tokens", "num_scheduled_tokens", "output_token_ids", "request_id")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +124,7 @@ class NewRequest(_message.Message):
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     handle: int
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _sampling_pb2.SamplingParams
@@ -113,7 +132,8 @@ class NewRequest(_message.Message):
     num_computed_tokens: int
     num_scheduled_tokens: int
     output_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, handle: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., output_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, handle: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class CachedRequest(_message.Message):
     __slots__ = ("handle", "num_scheduled_tokens", "new_block_ids", "num_computed_tokens", "resumed", "new_token_ids")
@@ -154,7 +174,7 @@ class RunningColumns(_message.Message):
     def __init__(self, handles: _Optional[_Iterable[int]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[_Iterable[int]] = ..., num_new_blocks: _Optional[_Iterable[int]] = ..., new_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Step(_message.Message):
-    __slots__ = ("step_id", "new_requests", "cached_requests", "preempted", "finished", "swap_out", "swap_in", "running")
+    __slots__ = ("step_id", "new_requests", "cached_requests", "preempted", "finished", "swap_out", "swap_in", "running", "epoch")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     CACHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +183,7 @@ class Step(_message.Message):
     SWAP_OUT_FIELD_NUMBER: _ClassVar[int]
     SWAP_IN_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     cached_requests: _containers.RepeatedCompositeFieldContainer[CachedRequest]
@@ -171,7 +192,8 @@ class Step(_message.Message):
     swap_out: _containers.RepeatedCompositeFieldContainer[BlockPair]
     swap_in: _containers.RepeatedCompositeFieldContainer[BlockPair]
     running: RunningColumns
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Iterable[_Union[CachedRequest, _Mapping]]] = ..., preempted: _Optional[_Iterable[int]] = ..., finished: _Optional[_Iterable[int]] = ..., swap_out: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ..., running: _Optional[_Union[RunningColumns, _Mapping]] = ...) -> None: ...
+    epoch: int
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Iterable[_Union[CachedRequest, _Mapping]]] = ..., preempted: _Optional[_Iterable[int]] = ..., finished: _Optional[_Iterable[int]] = ..., swap_out: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ..., running: _Optional[_Union[RunningColumns, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class SampledTokens(_message.Message):
     __slots__ = ("handle", "token_ids", "logprobs", "top_token_ids", "top_logprobs")

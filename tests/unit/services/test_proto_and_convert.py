@@ -175,3 +175,18 @@ def test_one_token_answers_travel_in_columns():
     assert list(result.sampled_token_ids) == [5, 6]
     assert [item.handle for item in result.sampled] == [int(hb)]  # a partial prefill: an item
     assert decode_step_result(result, handles, 100)[0] == {"a": [5], "b": [], "c": [6]}
+
+
+def test_a_step_carries_the_leaders_epoch_and_a_new_requests_real_id():
+    handles = HandleTable()
+    p = SamplingParams(max_tokens=4)
+    out = SchedulerOutput(
+        new_requests=[NewRequestData("req-a", [1, 2], p, [0], 0)],
+        num_scheduled_tokens={"req-a": 2},
+        total_num_scheduled_tokens=2,
+        step_id=1,
+    )
+    step = encode_step(out, handles, epoch=12)
+    assert step.epoch == 12 and step.new_requests[0].request_id == "req-a"
+    assert decode_step(step).new_requests[0].request_id == str(handles.by_id["req-a"])
+    assert encode_step(SchedulerOutput(step_id=2), handles).epoch == 0  # embedded: no etcd

@@ -113,3 +113,17 @@ def test_sampling_metadata_only_builds_what_is_used():
     assert meta.num_logprobs == [None, 2]
     with pytest.raises(ValueError, match="logprobs"):
         b.add("x", [1], [], SamplingParams(logprobs=6), [], 0)
+
+
+def test_held_requests_are_the_rows_with_their_tables_not_the_preempted():
+    b = make()
+    b.add("a", [1, 2, 3], [4], P, [5, 6], 3)
+    b.add("b", [7, 8], [], P, [9], 0)
+    b.add("c", [1], [], P, [10], 0)
+    b.append_blocks("a", [11])
+    b.num_computed[b.row("a")] += 1  # a step computed token 3
+    b.preempt("b")
+    b.remove("c")
+    assert b.held_requests() == [("a", [5, 6, 11], 4, 4)]
+    b.clear()
+    assert b.held_requests() == []
