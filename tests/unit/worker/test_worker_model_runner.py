@@ -163,3 +163,44 @@ def test_bfloat16_logprobs_close_to_hugging_face(tiny_llama_dir):
         logits = hf(torch.tensor([prompt + got])).logits[0].float()
     ref = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1].gather(1, torch.tensor(got)[:, None])
     assert torch.allclose(torch.tensor(lp), ref.squeeze(1), atol=0.1)
+
+
+def test_after_reset_the_held_rows_continue_on_their_kv_as_if_nothing_happened(runner):
+    """A failover: the runner reports its rows, forgets them (reset), and the new leader sends
+    each again as new at the KV it holds. The greedy tokens equal an uninterrupted run's."""
+
+    def decode(req_id, computed, n):
+        got = []
+        for _ in range(n):
+            out = step(
+                runner, cached=[CachedRequestData(req_id, [], computed)], scheduled={req_id: 1}
+            )
+            got += out.sampled_token_ids[req_id]
+            computed += 1
+        return got
+
+    prompt = [11, 3, 250, 7, 42, 9]
+    runner.reset()
+    first = step(runner, [new("a", prompt, [5, 9, 2, 7])], scheduled={"a": 6}).sampled_token_ids[
+        "a"
+    ]
+    want = first + decode("a", 6, 6)
+    runner.reset()
+    first = step(runner, [new("a", prompt, [5, 9, 2, 7])], scheduled={"a": 6}).sampled_token_ids[
+        "a"
+    ]
+    got = first + decode("a", 6, 2)
+    [(key, blocks, computed, num_tokens)] = runner.held_requests()
+    assert (key, blocks, computed, num_tokens) == ("a", [5, 9, 2, 7], 8, 9)
+    runner.reset()
+    assert runner.held_requests() == []
+    runner.kv_cache.device_cache[:, :, [0, 1, 3]] = 1e3  # blocks it does not hold: no effect
+    out = step(
+        runner,
+        [new("a", prompt, blocks, computed, outputs=got)],
+        scheduled={"a": num_tokens - computed},
+    )
+    got += out.sampled_token_ids["a"]
+    got += decode("a", num_tokens, 3)
+    assert got == want
+    runner.reset()
