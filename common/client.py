@@ -92,10 +92,14 @@ class SplitserveClient:
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
         tls_server_name: str | None = None,
+        own_connection: bool = False,
     ) -> None:
         use_tls = tls or bool(tls_ca_file or tls_cert_file)
+        # gRPC shares one connection among a process's channels to one target; with
+        # own_connection this client dials its own (front-ends sharing a port each get some)
+        options = [("grpc.use_local_subchannel_pool", 1)] if own_connection else []
         self.channel = open_channel(
-            target, [], use_tls, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name
+            target, options, use_tls, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name
         )
         self.stub = pb_grpc.GenerationStub(self.channel)
         self.metadata = [("authorization", f"Bearer {api_key}")] if api_key else None

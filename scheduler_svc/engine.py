@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from common.convert import TokenLogprobs
 from common.logging import get_logger
-from scheduler_svc import placement
+from scheduler_svc import cluster_view, placement
 from scheduler_svc.admission import AdmissionControl, parse_tenants
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.core import (
@@ -33,6 +34,7 @@ from scheduler_svc.core import (
     validate_request,
 )
 from scheduler_svc.observer import EngineObserver
+from scheduler_svc.policy_control import set_priority
 from scheduler_svc.request_state import RequestState
 from scheduler_svc.slo import SloAdmission
 from scheduler_svc.stream_pacing import StreamPacer
@@ -65,6 +67,13 @@ class ServingEngine:
             config.tenant_burst,
             parse_tenants(config.tenants),
         )
+        self.frontends: dict[str, Any] = {}  # front-end id -> its FrontendSession (remote ones)
+        # a new leader rebuilding (scheduler_svc/takeover.py): nothing is dispatched until the
+        # workers and front-ends of the old leader have reported what they hold
+        self.rebuilding = False
+        self._resumed: list[RequestState] = []  # reported by front-ends during the rebuild
+        self._held: dict[str, tuple[WorkerSession, Any]] = {}  # request id -> worker row
+        self.may_act: Callable[[], bool] = lambda: True  # False once leadership is lost
         self.placement = placement.PlacementConfig(
             min_prefix_tokens=config.placement_min_prefix_tokens,
             balance_abs=config.placement_balance_abs,
@@ -93,6 +102,79 @@ class ServingEngine:
         if not live:
             self._start_wait_timer(state)
         self._dispatch()
+
+    def resume(self, states: list[RequestState]) -> int:
+        """Requests a front-end had in flight when it (re)connected, with the tokens its
+        clients already have: no admission checks (they were admitted once). During a takeover
+        they wait for the rebuild; otherwise each continues on the KV its worker still holds
+        or goes back to the head of the queue. Returns how many continue without recompute."""
+        for state in states:
+            old = self.requests.get(state.request_id)
+            if old is not None:  # the same request over an older link of this front-end
+                self.drop(state.request_id)
+        if self.rebuilding:
+            self._resumed.extend(states)
+            return 0
+        return self._place_resumed(states)
+
+    def begin_rebuild(self) -> None:
+        self.rebuilding = True
+
+    def finish_rebuild(self) -> tuple[int, int, int]:
+        """End of a takeover's rebuild: adopt what the workers hold, queue the rest.
+        Returns (requests resumed, of which adopted without recompute, tokens to recompute)."""
+        states, self._resumed = self._resumed, []
+        adopted = self._place_resumed(states)
+        recomputed = sum(
+            len(s.prompt_token_ids) + len(s.output_token_ids)
+            for s in states
+            if s.worker_id is None and s.finish_reason is None
+        )
+        self._held.clear()
+        self.rebuilding = False
+        self._dispatch()
+        for session in self.sessions.values():
+            session.wakeup.set()
+        return len(states), adopted, recomputed
+
+    def _place_resumed(self, states: list[RequestState]) -> int:
+        adopted = 0
+        queued: list[RequestState] = []
+        for state in states:
+            request = state.to_core_request()
+            state.core = request
+            self.requests[state.request_id] = state
+            state.set_stream_interval(self.pacer.interval)
+            self.observer.on_request_accepted(state)
+            if self._adopt(state, request):
+                adopted += 1
+            else:
+                queued.append(state)
+        queued.sort(key=lambda s: s.arrival_time, reverse=True)  # prepend: latest first
+        for state in queued:
+            assert state.core is not None
+            self.waiting.prepend(state.core)
+            if not self._live_sessions():
+                self._start_wait_timer(state)
+        self._dispatch()
+        return adopted
+
+    def _adopt(self, state: RequestState, request) -> bool:
+        """Continue on the worker row that holds this request's KV (no recompute), when one
+        reported it and its blocks fit the new leader's accounting."""
+        session, row = self._held.pop(state.request_id, (None, None))
+        if session is None or row is None or session.lost or session.draining:
+            return False
+        num_computed = min(row.num_computed_tokens, request.num_tokens - 1)
+        try:
+            session.scheduler.adopt_request(request, list(row.block_ids), num_computed)
+        except ValueError as exc:
+            log.warning("adopt_refused", request_id=state.request_id, reason=str(exc))
+            return False
+        state.worker_id = session.worker_id
+        session.request_ids.add(state.request_id)
+        session.wakeup.set()
+        return True
 
     @property
     def num_waiting(self) -> int:
@@ -128,6 +210,8 @@ class ServingEngine:
 
     def _dispatch(self) -> None:
         """Hand requests from the head of the global queue to workers with room."""
+        if self.rebuilding:
+            return
         depth = self.config.worker_queue_depth
         limit = self.config.max_num_seqs + depth
         while self.waiting:
@@ -259,6 +343,9 @@ class ServingEngine:
         local_queue = create_request_queue(self.policy)
         session = WorkerSession(registration, Scheduler(sched_cfg, local_queue), transport)
         self.sessions[registration.worker_id] = session
+        if self.rebuilding:
+            for row in getattr(registration, "held", ()):
+                self._held[row.request_id] = (session, row)
         self.worker_attached.set()
         self.observer.on_worker_attached(session)
         log.info(
@@ -354,6 +441,9 @@ class ServingEngine:
                     if not _has_work(out):
                         after_pause = True
                         break
+                    if not self.may_act():  # a leader that lost its lease sends nothing
+                        session.mark_lost("this scheduler is no longer the leader")
+                        return
                     started = time.perf_counter()
                     handle = await transport.submit(out)
                     inflight.append((out, handle, started, after_pause, after_pause or after_alone))
@@ -448,7 +538,15 @@ class ServingEngine:
                 session.num_drained_finished += 1
             self._end(state)
 
+    async def change_priority(self, request_id: str, priority: int) -> None:
+        """As policy_control.set_priority (the client APIs await it: a front-end's engine asks
+        the leader)."""
+        set_priority(self, request_id, priority)
+
     # ---- introspection --------------------------------------------------------------------
+    def server_info(self, max_model_len: int):
+        return cluster_view.server_info(self, max_model_len)
+
     def worker_stats(self) -> list[tuple[WorkerSession, SchedulerStats]]:
         return [(s, s.scheduler.stats()) for s in self.sessions.values()]
 

@@ -11,11 +11,10 @@ from scheduler_svc.admission import error_code
 from scheduler_svc.core import FinishReason, RequestRejected
 from scheduler_svc.engine import ServingEngine
 from scheduler_svc.intake import Intake
-from scheduler_svc.policy_control import PriorityChangeError, set_priority
+from scheduler_svc.policy_control import PriorityChangeError
 from scheduler_svc.request_state import StreamDelta
 
 log = get_logger("splitserve.generation")
-VERSION = "0.1.0"
 
 FINISH_TO_PB = {
     None: pb.FINISH_REASON_UNSPECIFIED,
@@ -108,43 +107,16 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     async def SetPriority(self, request: pb.SetPriorityRequest, context):  # noqa: N802
         try:
-            set_priority(self.engine, request.request_id, request.priority)
+            await self.engine.change_priority(request.request_id, request.priority)
         except PriorityChangeError as exc:
             await context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
         log.info("priority_changed", request_id=request.request_id, priority=request.priority)
         return pb.SetPriorityResponse()
 
     async def GetServerInfo(self, request, context):  # noqa: N802
-        engine = self.engine
-        cfg = engine.config
-        info = pb.ServerInfo(
-            model=engine.model_name,
-            max_model_len=self.intake.max_model_len,
-            scheduling_policy=cfg.scheduling_policy,
-            num_requests_in_flight=len(engine.requests),
-            num_waiting=engine.num_waiting,
-            num_requests_finished=engine.num_finished,
-            version=VERSION,
-        )
-        for session, stats in engine.worker_stats():
-            reg = session.registration
-            info.block_size = reg.block_size
-            info.workers.add(
-                worker_id=session.worker_id,
-                address=reg.address,
-                num_blocks=stats.num_total_blocks,
-                num_free_blocks=stats.num_free_blocks,
-                num_host_blocks=reg.num_host_blocks,
-                num_running=stats.num_running,
-                num_waiting=stats.num_waiting,
-                kv_usage=stats.kv_usage,
-                num_preemptions=stats.num_preemptions,
-                num_steps=session.num_steps,
-                state=session.state,
-                num_swap_outs=stats.num_swap_outs,
-                num_recomputed_tokens=stats.num_recomputed_tokens,
+        info = self.engine.server_info(self.intake.max_model_len)
+        if info is None:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "no scheduler leader is connected; retry later"
             )
-            info.num_running += stats.num_running
-            info.num_waiting += stats.num_waiting
-            info.num_preemptions += stats.num_preemptions
         return info

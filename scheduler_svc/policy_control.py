@@ -4,13 +4,18 @@ from the configuration (engine.policy_options)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from scheduler_svc.core import FIFORequestQueue, RequestStatus
 from scheduler_svc.intake import PRIORITY_RANGE
 
-if TYPE_CHECKING:
-    from scheduler_svc.engine import ServingEngine
+
+class QueuesView(Protocol):
+    """What set_priority reads of the engine (which calls it: no import back)."""
+
+    requests: dict[str, Any]
+    waiting: Any
+    sessions: dict[str, Any]
 
 
 class PriorityChangeError(Exception):
@@ -21,7 +26,7 @@ class PriorityChangeError(Exception):
         self.code = code
 
 
-def set_priority(engine: ServingEngine, request_id: str, priority: int) -> None:
+def set_priority(engine: QueuesView, request_id: str, priority: int) -> None:
     """Give a waiting request a new priority and reorder its queue (the global one, or the
     short local queue of the worker it was handed to). A running or swapped-out request keeps
     its priority: FAILED_PRECONDITION; an unknown id: NOT_FOUND."""

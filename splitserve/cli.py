@@ -16,6 +16,22 @@ def _scheduler_parser(sub) -> None:
     add_dataclass_args(p, SchedulerServiceConfig)
 
 
+def _frontend_parser(sub) -> None:
+    from splitserve.frontend import FrontendConfig
+
+    p = sub.add_parser(
+        "frontend", help="run the client APIs (HTTP, gRPC) in front of the leader scheduler"
+    )
+    add_dataclass_args(p, FrontendConfig)
+
+
+def _status_parser(sub) -> None:
+    from splitserve.status import add_arguments
+
+    p = sub.add_parser("status", help="schedulers, front-ends and workers (GET /cluster)")
+    add_arguments(p)
+
+
 def _worker_parser(sub) -> None:
     from worker_svc.config import ModelRunnerConfig
     from worker_svc.link import WorkerLinkConfig
@@ -40,6 +56,21 @@ def _up_parser(sub) -> None:
         "up", help="start a scheduler and N workers on this machine, restart a worker that dies"
     )
     p.add_argument("--workers", type=int, default=1, help="number of workers")
+    p.add_argument(
+        "--schedulers",
+        type=int,
+        default=1,
+        help="schedulers: one leads, the others stand by (2 or more start a local etcd "
+        "unless --etcd names one, and at least one front-end)",
+    )
+    p.add_argument(
+        "--frontends",
+        type=int,
+        default=0,
+        help="front-end processes sharing --port and --http-port (0 = the scheduler serves "
+        "clients itself)",
+    )
+    p.add_argument("--etcd-port", type=int, default=2379, help="port of the local etcd")
     p.add_argument(
         "--worker-arg",
         action="append",
@@ -147,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="splitserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _scheduler_parser(sub)
+    _frontend_parser(sub)
+    _status_parser(sub)
     _up_parser(sub)
     _generate_parser(sub)
     _bench_parser(sub)
@@ -162,6 +195,16 @@ def main(argv: list[str] | None = None) -> int:
         from scheduler_svc.main import main as scheduler_main
 
         scheduler_main(dataclass_from_args(SchedulerServiceConfig, args))
+        return 0
+    if args.command == "status":
+        from splitserve.status import run as run_status
+
+        return run_status(args)
+    if args.command == "frontend":
+        from splitserve.frontend import FrontendConfig
+        from splitserve.frontend import main as frontend_main
+
+        frontend_main(dataclass_from_args(FrontendConfig, args))
         return 0
     if args.command == "worker" and args.print_capabilities:
         from worker_svc.kernel_report import print_capabilities

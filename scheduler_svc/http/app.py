@@ -14,7 +14,7 @@ from scheduler_svc.http.openai_routes import openai_router
 from scheduler_svc.http.priority_routes import priority_router
 
 # paths that never need the API key: probes and read-only operational pages (counts only)
-OPEN_PATHS = ("/health", "/ready", "/metrics", "/dashboard", "/")
+OPEN_PATHS = ("/health", "/ready", "/metrics", "/cluster", "/dashboard", "/")
 
 
 def is_open_path(path: str) -> bool:
@@ -79,6 +79,14 @@ def create_app(ctx: HttpContext) -> FastAPI:
         if ctx.metrics is None:
             return error_response(404, "metrics are not enabled on this server")
         return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/cluster")
+    async def cluster() -> JSONResponse:
+        """Schedulers (role, epoch), front-ends and workers, as the leader sees them."""
+        body = ctx.cluster() if ctx.cluster is not None else None
+        if body is None:
+            return error_response(503, "no scheduler leader is connected; retry later")
+        return JSONResponse(body)
 
     @app.get("/", include_in_schema=False)
     async def root() -> RedirectResponse:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ class HttpContext:
     api_key: str = ""
     metrics: MetricsObserver | None = None
     history: DashboardHistory | None = None
+    cluster: Callable[[], dict | None] | None = None  # GET /cluster's body (None: no leader)
     started_at: float = field(default_factory=time.time)
     shutting_down: bool = False
 

@@ -8,9 +8,14 @@ from pydantic import BaseModel, ConfigDict
 
 from scheduler_svc.http.context import HttpContext
 from scheduler_svc.http.errors import OpenAIError
-from scheduler_svc.policy_control import PriorityChangeError, set_priority
+from scheduler_svc.policy_control import PriorityChangeError
 
-STATUS = {"NOT_FOUND": 404, "FAILED_PRECONDITION": 409, "INVALID_ARGUMENT": 400}
+STATUS = {
+    "NOT_FOUND": 404,
+    "FAILED_PRECONDITION": 409,
+    "INVALID_ARGUMENT": 400,
+    "UNAVAILABLE": 503,
+}
 
 
 class PriorityChange(BaseModel):
@@ -24,9 +29,11 @@ def priority_router(ctx: HttpContext) -> APIRouter:
     @router.post("/requests/{request_id}/priority")
     async def change_priority(request_id: str, body: PriorityChange) -> dict:
         try:
-            set_priority(ctx.engine, request_id, body.priority)
+            await ctx.engine.change_priority(request_id, body.priority)
         except PriorityChangeError as exc:
-            raise OpenAIError(STATUS[exc.code], str(exc), "priority", exc.code.lower()) from None
+            raise OpenAIError(
+                STATUS.get(exc.code, 500), str(exc), "priority", exc.code.lower()
+            ) from None
         return {"request_id": request_id, "priority": body.priority}
 
     return router

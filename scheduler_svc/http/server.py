@@ -22,12 +22,15 @@ class _EmbeddedServer(uvicorn.Server):
         yield
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind now, so a taken port fails the scheduler at start with a clear error."""
+def bind_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """Bind now, so a taken port fails the scheduler at start with a clear error. With
+    reuse_port, several front-end processes share the port (the kernel spreads connections)."""
     infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, _, _, _, addr = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind(addr)
     except OSError as exc:
@@ -47,8 +50,9 @@ class HttpServer:
         ssl_certfile: str = "",
         ssl_keyfile: str = "",
         ssl_ca_certs: str = "",
+        reuse_port: bool = False,
     ) -> None:
-        self.sock = bind_socket(host, port)
+        self.sock = bind_socket(host, port, reuse_port)
         self.port = self.sock.getsockname()[1]
         tls = {}
         if ssl_certfile:  # the same certificate as the gRPC client API

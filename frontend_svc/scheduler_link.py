@@ -1,0 +1,370 @@
+"""The front-end's side of the FrontendLink: the engine the client APIs talk to, in a process
+apart from the scheduler.
+
+It keeps every request in flight with the tokens its client already has, sends tokenized
+requests to the leader scheduler and applies the token batches that come back (the request's
+own detokenizer and stop strings run here). When the leader is lost it finds the next one
+(etcd, or the same fixed address), says hello with everything in flight, and the streams go on
+from the first token the client has not seen: `start` on each update makes a token that arrives
+twice land once. A leader message from an older epoch than one already accepted is refused.
+Without a leader for `leader_wait_timeout` seconds, requests in flight fail with UNAVAILABLE
+and new ones are refused at once until a leader answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import grpc
+
+from common.convert import TokenLogprobs, sampling_to_proto
+from common.logging import get_logger
+from common.pb import frontend_link_pb2 as pb
+from common.pb import frontend_link_pb2_grpc as pb_grpc
+from common.pb import generation_pb2 as gen_pb
+from frontend_svc.leader_finder import LeaderFinder
+from frontend_svc.observer import FrontendObserver
+
+log = get_logger("splitserve.frontend")
+
+FINISH_NAMES = {1: "stop", 2: "length", 3: "abort", 4: "error"}
+HELLO_ACK_TIMEOUT_S = 10.0
+
+
+@dataclass(slots=True)
+class FrontendIdentity:
+    frontend_id: str
+    host: str
+    pid: int
+    http_address: str = ""
+    grpc_address: str = ""
+
+
+class SchedulerLink:
+    """The engine of a front-end process (the client APIs call submit / drop / abort)."""
+
+    def __init__(
+        self,
+        identity: FrontendIdentity,
+        model_name: str,
+        finder: LeaderFinder,
+        finish_reasons: dict[str, Any],
+        rejected_error: type[Exception],
+        priority_error: type[Exception],
+        leader_wait_timeout: float = 15.0,
+        max_message_bytes: int = 256 * 1024 * 1024,
+    ) -> None:
+        self.identity = identity
+        self.model_name = model_name
+        self.finder = finder
+        self.finish_reasons = finish_reasons  # "stop" -> the FinishReason the states take
+        self.rejected_error = rejected_error
+        self.priority_error = priority_error
+        self.leader_wait_timeout = leader_wait_timeout
+        self.max_message_bytes = max_message_bytes
+        self.requests: dict[str, Any] = {}
+        self.observer = FrontendObserver()
+        self.status: pb.ClusterStatus | None = None
+        self.epoch = 0
+        self.leader_address = ""
+        self.connected = asyncio.Event()
+        self.num_leader_changes = 0
+        self._outbox: asyncio.Queue[pb.FrontendMessage] | None = None
+        self._outage_since: float | None = time.monotonic()
+        self._outage_failed = False
+        self._task: asyncio.Task | None = None
+        self._call: Any = None
+
+    # ---- what the client APIs call --------------------------------------------------------
+    def submit(self, state: Any) -> None:
+        if state.request_id in self.requests:
+            raise self.rejected_error(
+                f"request id {state.request_id!r} is already in flight; use a unique id"
+            )
+        self.requests[state.request_id] = state
+        self.observer.on_request_accepted(state)
+        if self._outage_failed:
+            self._fail(state, self._outage_sentence())
+            return
+        if self._outbox is not None and self.connected.is_set():
+            self._outbox.put_nowait(pb.FrontendMessage(submit=self._submit_message(state)))
+
+    def drop(self, request_id: str) -> None:
+        """The client went away: tell the leader to free everything."""
+        if self.requests.pop(request_id, None) is not None:
+            self._cancel(request_id)
+
+    def abort(self, request_id: str) -> bool:
+        state = self.requests.pop(request_id, None)
+        if state is None:
+            return False
+        state.end_aborted()
+        self._cancel(request_id)
+        return True
+
+    async def change_priority(self, request_id: str, priority: int) -> None:
+        if not self.connected.is_set():
+            raise self.priority_error("UNAVAILABLE", self._outage_sentence())
+        async with grpc.aio.insecure_channel(self.leader_address) as channel:
+            stub = pb_grpc.FrontendLinkStub(channel)
+            try:
+                await stub.SetPriority(
+                    gen_pb.SetPriorityRequest(request_id=request_id, priority=priority),
+                    timeout=5.0,
+                )
+            except grpc.aio.AioRpcError as exc:
+                raise self.priority_error(exc.code().name, exc.details()) from None
+
+    def server_info(self, max_model_len: int) -> gen_pb.ServerInfo | None:
+        """The leader's ServerInfo as of its last status; None while no leader answers."""
+        if not self.connected.is_set() or self.status is None:
+            return None
+        return self.status.server_info
+
+    @property
+    def sessions(self) -> dict[str, SimpleNamespace]:
+        """The leader's workers as of its last status (for /ready)."""
+        if not self.connected.is_set() or self.status is None:
+            return {}
+        return {
+            w.worker_id: SimpleNamespace(
+                worker_id=w.worker_id, lost=w.state == "lost", draining=w.state == "draining"
+            )
+            for w in self.status.server_info.workers
+        }
+
+    # ---- the link -------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.finder.start()
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping anyway
+                pass
+        for state in list(self.requests.values()):
+            self._fail(state, "the front-end is shutting down; retry later")
+        await self.finder.stop()
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            wait = self._outage_left()
+            leader = await self.finder.next_leader(self.epoch, wait)
+            if leader is None:
+                self._check_outage()
+                continue
+            address, epoch = leader
+            # a frozen leader accepts connections and answers nothing: the session ends as
+            # soon as a newer leader is named, whatever it was waiting on
+            session = asyncio.create_task(self._session(address))
+            newer = asyncio.create_task(self.finder.wait_newer(epoch))
+            try:
+                done, _ = await asyncio.wait({session, newer}, return_when=asyncio.FIRST_COMPLETED)
+                if session in done:
+                    session.result()
+                    backoff = 0.05
+                else:
+                    log.info("leader_changed", old_epoch=epoch)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure: find the leader again
+                log.info("leader_link_lost", address=address, error=_describe(exc))
+            finally:
+                for task in (session, newer):
+                    task.cancel()
+                await asyncio.gather(session, newer, return_exceptions=True)
+            if self.connected.is_set():
+                self.connected.clear()
+            if self._outage_since is None:
+                self._outage_since = time.monotonic()
+            self._check_outage()
+            # until etcd names a newer leader, the old key still points at the dead one: retry
+            # it with backoff, but go at once when the new one is named
+            try:
+                await asyncio.wait_for(self.finder.wait_newer(epoch), backoff)
+            except TimeoutError:
+                pass
+            backoff = min(0.5, backoff * 2)
+
+    async def _session(self, address: str) -> None:
+        options = [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.keepalive_time_ms", 5_000),
+        ]
+        async with grpc.aio.insecure_channel(address, options=options) as channel:
+            call = pb_grpc.FrontendLinkStub(channel).Connect()
+            self._call = call
+            outbox: asyncio.Queue[pb.FrontendMessage] = asyncio.Queue()
+            ident = self.identity
+            hello = pb.FrontendHello(
+                frontend_id=ident.frontend_id,
+                host=ident.host,
+                pid=ident.pid,
+                http_address=ident.http_address,
+                grpc_address=ident.grpc_address,
+                epoch=self.epoch,
+                in_flight=[self._submit_message(s) for s in self.requests.values()],
+            )
+            await call.write(pb.FrontendMessage(hello=hello))
+            first = await asyncio.wait_for(call.read(), HELLO_ACK_TIMEOUT_S)
+            if first is grpc.aio.EOF or first.WhichOneof("msg") != "hello_ack":
+                raise ConnectionError("the scheduler did not answer FrontendHello")
+            if first.epoch < self.epoch:
+                raise ConnectionError(f"fenced: epoch {first.epoch} < {self.epoch}")
+            if first.epoch != self.epoch or address != self.leader_address:
+                self.num_leader_changes += 1
+                self.observer.leader_changes.inc()
+            self.epoch = first.epoch
+            self.observer.epoch.set(self.epoch)
+            self.leader_address = address
+            self._outbox = outbox
+            self._outage_since = None
+            self._outage_failed = False
+            self.connected.set()
+            ack = first.hello_ack
+            log.info(
+                "leader_connected",
+                address=address,
+                epoch=self.epoch,
+                scheduler_id=ack.scheduler_id,
+                resumed=ack.num_resumed,
+                adopted=ack.num_adopted,
+            )
+            writer = asyncio.create_task(self._write(call, outbox))
+            reader = asyncio.create_task(self._read(call))
+            try:
+                done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # raises what ended the stream
+            finally:
+                self._outbox = None
+                self._call = None
+                writer.cancel()
+                reader.cancel()
+                call.cancel()
+
+    async def _write(self, call, outbox: asyncio.Queue) -> None:
+        while True:
+            await call.write(await outbox.get())
+
+    async def _read(self, call) -> None:
+        while True:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                return
+            if msg.epoch < self.epoch:  # fencing: a deposed leader's words count for nothing
+                log.warning("fenced_message", epoch=msg.epoch, current=self.epoch)
+                return
+            kind = msg.WhichOneof("msg")
+            if kind == "tokens":
+                now = time.monotonic()
+                for update in msg.tokens.updates:
+                    self._apply(update, now)
+            elif kind == "status":
+                self.status = msg.status
+
+    def _apply(self, update: pb.RequestUpdate, now: float) -> None:
+        request_id = update.request_id
+        state = self.requests.get(request_id)
+        if state is None:
+            return
+        if update.error or update.finish_reason == gen_pb.FINISH_REASON_ERROR:
+            self.requests.pop(request_id, None)
+            state.fail(update.error or "the request failed", update.error_code)
+            return
+        have = len(state.output_token_ids)
+        if update.start > have:  # never expected: the leader lost tokens this client lacks
+            self.requests.pop(request_id, None)
+            self._cancel(request_id)
+            state.fail(f"tokens {have}..{update.start - 1} never arrived", "INTERNAL")
+            return
+        skip = have - update.start
+        token_ids = list(update.token_ids)[skip:]
+        logprobs = None
+        if update.logprobs:
+            logprobs = [
+                TokenLogprobs(lp.token_id, lp.logprob, [(t.token_id, t.logprob) for t in lp.top])
+                for lp in update.logprobs
+            ][skip:]
+        finish_name = FINISH_NAMES.get(update.finish_reason)
+        finish = self.finish_reasons[finish_name] if finish_name else None
+        if update.worker_id:
+            state.worker_id = update.worker_id
+        if not token_ids and finish is None:
+            return
+        stopped = state.push_tokens(token_ids, finish, update.stop_reason or None, logprobs, now)
+        if token_ids:
+            self.observer.on_tokens(state, len(token_ids), now)
+        if stopped:
+            self.requests.pop(request_id, None)
+            self._cancel(request_id)
+        elif state.finished:
+            self.requests.pop(request_id, None)
+        if state.finished:
+            self.observer.on_request_finished(state)
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _submit_message(self, state: Any) -> pb.SubmitRequest:
+        now = time.monotonic()
+        deadline_left = 0.0
+        if state.deadline is not None:
+            deadline_left = max(1e-3, state.deadline - now)
+        return pb.SubmitRequest(
+            request_id=state.request_id,
+            prompt_token_ids=state.prompt_token_ids,
+            sampling=sampling_to_proto(state.params),
+            priority=state.priority,
+            tenant=state.tenant or "",
+            deadline_left_s=deadline_left,
+            output_token_ids=state.output_token_ids,
+            num_migrations=state.num_migrations,
+            age_s=max(0.0, now - state.arrival_time),
+            eos_token_id=-1 if state.eos_token_id is None else state.eos_token_id,
+        )
+
+    def _cancel(self, request_id: str) -> None:
+        if self._outbox is not None and self.connected.is_set():
+            self._outbox.put_nowait(
+                pb.FrontendMessage(cancel=pb.CancelRequest(request_id=request_id))
+            )
+
+    def _outage_left(self) -> float | None:
+        if self._outage_since is None or self._outage_failed:
+            return None
+        return max(0.0, self._outage_since + self.leader_wait_timeout - time.monotonic())
+
+    def _outage_sentence(self) -> str:
+        return (
+            f"no scheduler leader answered within {self.leader_wait_timeout:g} s; "
+            "retry later (splitserve status shows the cluster)"
+        )
+
+    def _check_outage(self) -> None:
+        """Past the bound without a leader: fail what waits, refuse new ones at once."""
+        left = self._outage_left()
+        if left is None or left > 0:
+            return
+        self._outage_failed = True
+        log.warning("no_leader", waited_s=self.leader_wait_timeout, failed=len(self.requests))
+        for state in list(self.requests.values()):
+            self._fail(state, self._outage_sentence())
+
+    def _fail(self, state: Any, sentence: str) -> None:
+        self.requests.pop(state.request_id, None)
+        state.fail(sentence, "UNAVAILABLE")
+        self.observer.on_request_finished(state)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return f"{type(exc).__name__}: {exc}"

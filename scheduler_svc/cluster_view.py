@@ -1,0 +1,168 @@
+"""What the leader tells about the cluster: ServerInfo (gRPC GetServerInfo) and the members
+list behind GET /cluster and `splitserve status`, one builder for every place that shows them."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from common.pb import frontend_link_pb2 as fl_pb
+from common.pb import generation_pb2 as gen_pb
+
+
+class EngineView(Protocol):
+    """What the cluster view reads of the engine (which calls it: no import back)."""
+
+    config: Any
+    model_name: str
+    requests: dict[str, Any]
+    frontends: dict[str, Any]
+    num_finished: int
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    def worker_stats(self) -> list[tuple[Any, Any]]: ...
+
+
+VERSION = "0.1.0"
+
+
+@dataclass(slots=True)
+class SchedulerRole:
+    """This scheduler process as the cluster view names it; the leadership module keeps it."""
+
+    scheduler_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    role: str = "leader"  # leader | standby
+    epoch: int = 0  # 0: the embedded single scheduler (no etcd)
+    standbys: list[dict] = field(default_factory=list)  # from etcd membership
+    num_failovers: int = 0
+    last_takeover_s: float = 0.0
+    last_resumed: int = 0
+    last_adopted: int = 0
+    last_recomputed_tokens: int = 0
+    leadership: Any = None  # common.coordination.Leadership while this one leads
+
+
+def server_info(engine: EngineView, max_model_len: int) -> gen_pb.ServerInfo:
+    cfg = engine.config
+    info = gen_pb.ServerInfo(
+        model=engine.model_name,
+        max_model_len=max_model_len,
+        scheduling_policy=cfg.scheduling_policy,
+        num_requests_in_flight=len(engine.requests),
+        num_waiting=engine.num_waiting,
+        num_requests_finished=engine.num_finished,
+        version=VERSION,
+    )
+    for session, stats in engine.worker_stats():
+        reg = session.registration
+        info.block_size = reg.block_size
+        info.workers.add(
+            worker_id=session.worker_id,
+            address=reg.address,
+            num_blocks=stats.num_total_blocks,
+            num_free_blocks=stats.num_free_blocks,
+            num_host_blocks=reg.num_host_blocks,
+            num_running=stats.num_running,
+            num_waiting=stats.num_waiting,
+            kv_usage=stats.kv_usage,
+            num_preemptions=stats.num_preemptions,
+            num_steps=session.num_steps,
+            state=session.state,
+            num_swap_outs=stats.num_swap_outs,
+            num_recomputed_tokens=stats.num_recomputed_tokens,
+        )
+        info.num_running += stats.num_running
+        info.num_waiting += stats.num_waiting
+        info.num_preemptions += stats.num_preemptions
+    return info
+
+
+def cluster_status(
+    engine: EngineView, role: SchedulerRole, max_model_len: int
+) -> fl_pb.ClusterStatus:
+    status = fl_pb.ClusterStatus(
+        server_info=server_info(engine, max_model_len),
+        num_failovers=role.num_failovers,
+        last_takeover_s=role.last_takeover_s,
+        last_resumed=role.last_resumed,
+        last_adopted=role.last_adopted,
+        last_recomputed_tokens=role.last_recomputed_tokens,
+    )
+    add = status.members.add
+    add(
+        kind="scheduler",
+        id=role.scheduler_id,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        role=role.role,
+        epoch=role.epoch,
+        state="active",
+        num_running=len(engine.requests),
+    )
+    for other in role.standbys:
+        if other.get("member_id") != role.scheduler_id:
+            add(
+                kind="scheduler",
+                id=str(other.get("member_id", "")),
+                host=str(other.get("host", "")),
+                pid=int(other.get("pid", 0)),
+                role="standby",
+                state="standby",
+                address=str(other.get("worker_address", "")),
+            )
+    for frontend in engine.frontends.values():
+        add(
+            kind="frontend",
+            id=frontend.frontend_id,
+            host=frontend.host,
+            pid=frontend.pid,
+            state="connected",
+            address=frontend.http_address or frontend.grpc_address,
+            num_requests=len(frontend.request_ids),
+        )
+    for session, stats in engine.worker_stats():
+        add(
+            kind="worker",
+            id=session.worker_id,
+            host=session.registration.address,
+            state=session.state,
+            num_running=stats.num_running,
+            kv_usage=stats.kv_usage,
+            address=session.registration.address,
+        )
+    return status
+
+
+def status_to_json(status: fl_pb.ClusterStatus) -> dict:
+    """GET /cluster's body."""
+    groups: dict[str, list[dict]] = {"schedulers": [], "frontends": [], "workers": []}
+    for m in status.members:
+        entry: dict = {"id": m.id, "host": m.host, "pid": m.pid, "state": m.state}
+        if m.kind == "scheduler":
+            entry |= {"role": m.role, "epoch": m.epoch}
+            groups["schedulers"].append(entry)
+        elif m.kind == "frontend":
+            entry |= {"address": m.address, "requests_in_flight": m.num_requests}
+            groups["frontends"].append(entry)
+        else:
+            entry |= {"running": m.num_running, "kv_usage": round(m.kv_usage, 4)}
+            groups["workers"].append(entry)
+    info = status.server_info
+    return {
+        "model": info.model,
+        "epoch": max((m.epoch for m in status.members if m.role == "leader"), default=0),
+        "failovers": status.num_failovers,
+        "last_takeover": {
+            "seconds": round(status.last_takeover_s, 3),
+            "resumed": status.last_resumed,
+            "adopted": status.last_adopted,
+            "recomputed_tokens": status.last_recomputed_tokens,
+        },
+        "requests_in_flight": info.num_requests_in_flight,
+        "waiting": info.num_waiting,
+        **groups,
+    }

@@ -1,0 +1,260 @@
+"""gRPC adapter for front-end processes: tokenized requests in, token ids out, one stream each.
+
+A front-end says hello with every request it has in flight (after a takeover, the new leader
+rebuilds from these and from what the workers still hold); then submits and cancels. The leader
+puts each step's new tokens for one front-end into one TokenBatch, and sends the cluster status
+once a second. A broken stream means the front-end is gone: its requests are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import grpc
+
+from common.convert import TokenLogprobs
+from common.logging import get_logger
+from common.pb import frontend_link_pb2 as pb
+from common.pb import frontend_link_pb2_grpc as pb_grpc
+from common.pb import generation_pb2 as gen_pb
+from scheduler_svc.admission import error_code
+from scheduler_svc.cluster_view import SchedulerRole, cluster_status
+from scheduler_svc.core import FinishReason, RequestRejected
+from scheduler_svc.engine import ServingEngine
+from scheduler_svc.policy_control import PriorityChangeError, set_priority
+from scheduler_svc.remote_request import RemoteRequest, remote_request
+
+log = get_logger("splitserve.frontend_link")
+HELLO_TIMEOUT_S = 30.0
+STATUS_INTERVAL_S = 1.0
+
+FINISH_TO_PB = {
+    None: 0,
+    FinishReason.STOP: 1,
+    FinishReason.LENGTH: 2,
+    FinishReason.ABORT: 3,
+    FinishReason.ERROR: 4,
+}
+
+
+class FrontendSession:
+    """One front-end's stream as the engine sees it: where its requests' tokens go."""
+
+    def __init__(self, hello: pb.FrontendHello, epoch: Callable[[], int]) -> None:
+        self.frontend_id = hello.frontend_id
+        self.host = hello.host
+        self.pid = hello.pid
+        self.http_address = hello.http_address
+        self.grpc_address = hello.grpc_address
+        self.request_ids: set[str] = set()
+        self.outbox: asyncio.Queue[pb.LeaderMessage | None] = asyncio.Queue()
+        self._epoch = epoch
+        self._batch: pb.TokenBatch | None = None
+        self.closed = False
+
+    def add_update(
+        self,
+        request_id: str,
+        start: int,
+        token_ids: list[int],
+        finish_reason: FinishReason | None = None,
+        stop_reason: str = "",
+        logprobs: list[TokenLogprobs] | None = None,
+        error: str = "",
+        error_code: str = "",
+        worker_id: str = "",
+        retry_after_s: float = 0.0,
+    ) -> None:
+        """Queue one request's news; everything queued in one turn of the loop (a step's
+        deliveries) leaves as one message."""
+        if self.closed:
+            return
+        if self._batch is None:
+            self._batch = pb.TokenBatch()
+            asyncio.get_running_loop().call_soon(self._flush)
+        update = self._batch.updates.add(
+            request_id=request_id,
+            start=start,
+            token_ids=token_ids,
+            finish_reason=FINISH_TO_PB[finish_reason],  # type: ignore[arg-type]
+            stop_reason=stop_reason,
+            error=error,
+            error_code=error_code,
+            worker_id=worker_id,
+            retry_after_s=retry_after_s,
+        )
+        for lp in logprobs or ():
+            entry = update.logprobs.add(token_id=lp.token_id, logprob=lp.logprob)
+            for tok, value in lp.top:
+                entry.top.add(token_id=tok, logprob=value)
+        if finish_reason is not None:
+            self.request_ids.discard(request_id)
+
+    def _flush(self) -> None:
+        batch, self._batch = self._batch, None
+        if batch is not None and not self.closed:
+            self.outbox.put_nowait(pb.LeaderMessage(epoch=self._epoch(), tokens=batch))
+
+    def send(self, message: pb.LeaderMessage) -> None:
+        if not self.closed:
+            message.epoch = self._epoch()
+            self.outbox.put_nowait(message)
+
+    def close(self) -> None:
+        self.closed = True
+        self.outbox.put_nowait(None)
+
+
+class FrontendLinkService(pb_grpc.FrontendLinkServicer):
+    def __init__(
+        self,
+        engine: ServingEngine,
+        role: SchedulerRole,
+        max_model_len: int,
+        is_leader: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.engine = engine
+        self.role = role
+        self.max_model_len = max_model_len
+        self.is_leader = is_leader
+
+    def epoch(self) -> int:
+        return self.role.epoch
+
+    async def Connect(self, request_iterator, context: grpc.aio.ServicerContext):  # noqa: N802
+        if not self.is_leader():
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, "this scheduler is a standby, not the leader"
+            )
+        try:
+            first = await asyncio.wait_for(context.read(), HELLO_TIMEOUT_S)
+        except TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no FrontendHello in time")
+        if first is grpc.aio.EOF or first.WhichOneof("msg") != "hello":
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "the first message on a front-end link must be FrontendHello",
+            )
+        hello = first.hello
+        if hello.epoch > self.epoch():
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"a newer leader (epoch {hello.epoch}) exists; this one has epoch {self.epoch()}",
+            )
+        session = FrontendSession(hello, self.epoch)
+        engine = self.engine
+        old = engine.frontends.get(session.frontend_id)
+        if old is not None:
+            self._gone(old, "replaced by a new connection with the same front-end id")
+        engine.frontends[session.frontend_id] = session
+        resumed = [self._build(msg, session) for msg in hello.in_flight]
+        resumed_ok = [s for s in resumed if s is not None]
+        num_adopted = engine.resume(resumed_ok)
+        for state in resumed_ok:
+            session.request_ids.add(state.request_id)
+        session.send(
+            pb.LeaderMessage(
+                hello_ack=pb.FrontendHelloAck(
+                    scheduler_id=self.role.scheduler_id,
+                    num_resumed=len(resumed_ok),
+                    num_adopted=num_adopted,
+                )
+            )
+        )
+        log.info(
+            "frontend_attached",
+            frontend_id=session.frontend_id,
+            host=session.host,
+            resumed=len(resumed_ok),
+            adopted=num_adopted,
+        )
+        reader = asyncio.create_task(self._read(context, session))
+        status = asyncio.create_task(self._status(session))
+        try:
+            while (message := await session.outbox.get()) is not None:
+                await context.write(message)
+        finally:
+            reader.cancel()
+            status.cancel()
+            self._gone(session, "stream ended")
+
+    def _build(self, msg: pb.SubmitRequest, session: FrontendSession) -> RemoteRequest | None:
+        try:
+            return remote_request(msg, session, session.frontend_id)
+        except RequestRejected as exc:
+            session.add_update(
+                msg.request_id,
+                0,
+                [],
+                FinishReason.ERROR,
+                error=str(exc),
+                error_code=error_code(exc),
+            )
+            return None
+
+    async def _read(self, context, session: FrontendSession) -> None:
+        engine = self.engine
+        try:
+            while True:
+                msg = await context.read()
+                if msg is grpc.aio.EOF:
+                    break
+                kind = msg.WhichOneof("msg")
+                if kind == "submit":
+                    self._submit(msg.submit, session)
+                elif kind == "cancel":
+                    session.request_ids.discard(msg.cancel.request_id)
+                    engine.drop(msg.cancel.request_id)
+        except Exception as exc:  # noqa: BLE001 - any stream failure means the front-end is gone
+            log.info("frontend_stream_error", frontend_id=session.frontend_id, error=str(exc))
+        session.close()
+
+    def _submit(self, msg: pb.SubmitRequest, session: FrontendSession) -> None:
+        state = self._build(msg, session)
+        if state is None:
+            return
+        try:
+            self.engine.submit(state)
+        except RequestRejected as exc:
+            code = error_code(exc)
+            self.engine.observer.on_request_rejected(
+                "overloaded" if code == "RESOURCE_EXHAUSTED" else "invalid"
+            )
+            session.add_update(
+                msg.request_id,
+                0,
+                [],
+                FinishReason.ERROR,
+                error=str(exc),
+                error_code=code,
+                retry_after_s=getattr(exc, "retry_after_s", 0.0) or 0.0,
+            )
+            return
+        session.request_ids.add(state.request_id)
+
+    async def _status(self, session: FrontendSession) -> None:
+        while not session.closed:
+            session.send(
+                pb.LeaderMessage(status=cluster_status(self.engine, self.role, self.max_model_len))
+            )
+            await asyncio.sleep(STATUS_INTERVAL_S)
+
+    def _gone(self, session: FrontendSession, reason: str) -> None:
+        session.close()
+        engine = self.engine
+        if engine.frontends.get(session.frontend_id) is session:
+            del engine.frontends[session.frontend_id]
+        for request_id in list(session.request_ids):
+            state = engine.requests.get(request_id)
+            if isinstance(state, RemoteRequest) and state.sink is session:
+                engine.drop(request_id)
+        session.request_ids.clear()
+        log.info("frontend_detached", frontend_id=session.frontend_id, reason=reason)
+
+    async def SetPriority(self, request, context):  # noqa: N802
+        try:
+            set_priority(self.engine, request.request_id, request.priority)
+        except PriorityChangeError as exc:
+            await context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+        return gen_pb.SetPriorityResponse()
