@@ -54,6 +54,17 @@ class SchedulerServiceConfig:
         "up with its workers, up to 16 while they wait on it), N = always N (1 = each token at "
         "once)",
     )
+    etcd: str = _opt(
+        "", "etcd HOST:PORT: run as leader or standby, elected there (empty = the only scheduler)"
+    )
+    scheduler_id: str = _opt("", "this scheduler's id in etcd (default: host-pid)")
+    advertise_host: str = _opt(
+        "127.0.0.1", "host workers and front-ends dial to reach this scheduler (published in etcd)"
+    )
+    lease_ttl: float = _opt(2.0, "seconds the leader's etcd lease lasts without a keepalive")
+    takeover_wait: float = _opt(
+        3.0, "a new leader waits at most this long for the old one's workers and front-ends"
+    )
     max_migrations: int = _opt(3, "times a request may move to another worker before failing")
     worker_secret: str = _opt("", "shared secret workers must present (empty = none)")
     api_key: str = _opt(

@@ -13,22 +13,33 @@ from common import event_loop
 from common.gc_tuning import tune_gc_for_serving
 from common.logging import configure_logging, get_logger
 from common.model_source import resolve_model
-from common.pb import generation_pb2, worker_link_pb2, worker_link_pb2_grpc
+from common.pb import (
+    frontend_link_pb2,
+    frontend_link_pb2_grpc,
+    generation_pb2,
+    worker_link_pb2,
+    worker_link_pb2_grpc,
+)
 from common.safe_handlers import add_servicer
 from common.tls import add_port
 from common.tokenizer import load_tokenizer
 from scheduler_svc.auth import ApiKeyInterceptor
+from scheduler_svc.cluster_view import SchedulerRole, cluster_status, status_to_json
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.core import SchedulerConfig
 from scheduler_svc.dashboard.history import DashboardHistory
 from scheduler_svc.engine import ServingEngine
+from scheduler_svc.frontend_link_service import FrontendLinkService
 from scheduler_svc.generation_service import GenerationService
 from scheduler_svc.http import HttpContext, HttpServer, create_app
 from scheduler_svc.intake import Intake
+from scheduler_svc.leadership import RoleCollector, lead, member_info
 from scheduler_svc.metrics import MetricsObserver, ObserverGroup
+from scheduler_svc.remote_request import RemoteRequest
 from scheduler_svc.worker_link_service import WorkerLinkService
 
 log = get_logger("splitserve.scheduler")
+EXIT_DEPOSED = 3  # this scheduler led and lost its lease (or etcd): start it again as a standby
 WORKER_LINK_MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a step may carry many long new prompts
 
 
@@ -59,6 +70,11 @@ class SchedulerServer:
         self.tokenizer = load_tokenizer(source)
         model_name = cfg.served_model_name or source.name
         self.engine = ServingEngine(cfg, source.name)
+        self.role = SchedulerRole(role="standby" if cfg.etcd else "leader")
+        if cfg.scheduler_id:
+            self.role.scheduler_id = cfg.scheduler_id
+        if cfg.etcd:  # nothing is dispatched before this one leads and has rebuilt
+            self.engine.begin_rebuild()
         aliases = {source.name, model_name, str(cfg.model or "")} - {""}
         self.intake = Intake(self.tokenizer, model_name, aliases, cfg.max_model_len)
         options = [
@@ -66,6 +82,7 @@ class SchedulerServer:
             ("grpc.max_send_message_length", cfg.max_message_bytes),
         ]
         self.metrics = MetricsObserver(self.engine)
+        self.metrics.registry.register(RoleCollector(self.role))
         self.history = DashboardHistory(self.engine)
         self.engine.observer = ObserverGroup(self.metrics, self.history)
         interceptors = []
@@ -102,12 +119,19 @@ class SchedulerServer:
             self.client_server,
         )
         worker_link_pb2_grpc.add_WorkerLinkServicer_to_server(
-            WorkerLinkService(self.engine), self.worker_server
+            WorkerLinkService(self.engine, lambda: self.role.epoch), self.worker_server
+        )
+        frontend_link_pb2_grpc.add_FrontendLinkServicer_to_server(
+            FrontendLinkService(
+                self.engine, self.role, cfg.max_model_len, lambda: self.role.role == "leader"
+            ),
+            self.worker_server,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.worker_server)
         reflection.enable_server_reflection(
             (
                 worker_link_pb2.DESCRIPTOR.services_by_name["WorkerLink"].full_name,
+                frontend_link_pb2.DESCRIPTOR.services_by_name["FrontendLink"].full_name,
                 reflection.SERVICE_NAME,
             ),
             self.worker_server,
@@ -127,7 +151,7 @@ class SchedulerServer:
             cfg.worker_tls_ca_file,
         )
         self.http_ctx = HttpContext(
-            self.engine, self.intake, cfg.api_key, self.metrics, self.history
+            self.engine, self.intake, cfg.api_key, self.metrics, self.history, cluster=self.cluster
         )
         self.http: HttpServer | None = None
         if cfg.http_port > 0:
@@ -139,6 +163,13 @@ class SchedulerServer:
                 ssl_keyfile=cfg.tls_key_file,
                 ssl_ca_certs=cfg.tls_client_ca_file,
             )
+
+    @property
+    def http_port(self) -> int:
+        return self.http.port if self.http is not None else 0
+
+    def cluster(self) -> dict:
+        return status_to_json(cluster_status(self.engine, self.role, self.cfg.max_model_len))
 
     async def start(self) -> None:
         await self.client_server.start()
@@ -162,7 +193,13 @@ class SchedulerServer:
     async def stop(self, grace: float = 2.0) -> None:
         self.http_ctx.shutting_down = True
         await self.health.enter_graceful_shutdown()
+        leadership = self.role.leadership
+        if leadership is not None:  # a standby takes over now, not after the lease
+            self.engine.may_act = lambda: False
+            await leadership.resign()
         for state in list(self.engine.requests.values()):
+            if self.cfg.etcd and isinstance(state, RemoteRequest):
+                continue  # its front-end resubmits it to the next leader
             state.fail("the scheduler is shutting down; retry later", code="UNAVAILABLE")
         await asyncio.gather(
             self.client_server.stop(grace),
@@ -172,7 +209,7 @@ class SchedulerServer:
         log.info("scheduler_stopped")
 
 
-async def serve(cfg: SchedulerServiceConfig) -> None:
+async def serve(cfg: SchedulerServiceConfig) -> int:
     server = SchedulerServer(cfg)
     await server.start()
     tune_gc_for_serving()  # keeps per-step cost flat with many running requests
@@ -180,8 +217,22 @@ async def serve(cfg: SchedulerServiceConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    leading = None
+    if cfg.etcd:
+        info = member_info(cfg, server.role, server.worker_port, server.http_port)
+        leading = asyncio.create_task(lead(cfg, server.engine, server.role, info))
+        leading.add_done_callback(lambda _: stop.set())
     await stop.wait()
+    code = 0
+    if leading is not None and leading.done():
+        exc = leading.exception()
+        log.warning("leading_ended", error=f"{type(exc).__name__}: {exc}")
+        code = EXIT_DEPOSED
     await server.stop()
+    if leading is not None:
+        leading.cancel()
+        await asyncio.gather(leading, return_exceptions=True)
+    return code
 
 
 def main(cfg: SchedulerServiceConfig) -> None:
@@ -190,4 +241,6 @@ def main(cfg: SchedulerServiceConfig) -> None:
         raise SystemExit(
             f"--stream-interval must be 0 (adaptive) or more; got {cfg.stream_interval}"
         )
-    event_loop.run(serve(cfg), cfg.event_loop)
+    code = event_loop.run(serve(cfg), cfg.event_loop)
+    if code:
+        raise SystemExit(code)

@@ -1,34 +1,103 @@
-"""`splitserve up`: a scheduler and N workers as child processes, under a supervisor that
-restarts a worker that dies and stops the group in order (splitserve/supervisor.py)."""
+"""`splitserve up`: schedulers, front-ends and workers as child processes (and a local etcd
+for several schedulers), under a supervisor that restarts what dies and stops the group in
+order (splitserve/supervisor.py)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import signal
+import socket
 import sys
+import tempfile
 import threading
 
 from common.logging import configure_logging
 from common.settings import dataclass_from_args, to_argv
 from splitserve.supervisor import ChildSpec, Supervisor, SupervisorConfig, spawn_process
 
+WORKER_NICE = 5
 
-def child_specs(args: argparse.Namespace, cfg) -> list[ChildSpec]:
-    """The scheduler first, then the workers; secrets are not on these command lines."""
+
+def child_specs(args: argparse.Namespace, cfg, etcd_data_dir: str = "") -> list[ChildSpec]:
+    """etcd (with several schedulers and no --etcd), the schedulers, the front-ends, the
+    workers; secrets are not on these command lines. With front-ends apart, they own the
+    public ports (--port, --http-port, shared through SO_REUSEPORT) and each scheduler gets
+    its own: its HTTP port still serves /metrics and the dashboard."""
     cli = [sys.executable, "-m", "splitserve.cli"]
     argv = to_argv(cfg)
-    for flag in ("--api-key", "--worker-secret"):
+    for flag in ("--api-key", "--worker-secret", "--etcd", "--scheduler-id"):
         k = argv.index(flag)
         del argv[k : k + 2]
-    specs = [ChildSpec("scheduler", [*cli, "scheduler", *argv], critical=True)]
+    specs: list[ChildSpec] = []
+    etcd = cfg.etcd
+    if args.schedulers > 1 and not etcd:
+        etcd = f"127.0.0.1:{args.etcd_port}"
+        specs.append(
+            ChildSpec(
+                "etcd",
+                [
+                    sys.executable,
+                    "-m",
+                    "common.etcd_server",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(args.etcd_port),
+                    "--data-dir",
+                    etcd_data_dir,
+                ],
+                kind="etcd",
+            )
+        )
+    apart = args.frontends > 0
+    worker_ports = [cfg.worker_port] + [free_port() for _ in range(args.schedulers - 1)]
+    for i in range(args.schedulers):
+        own = argv
+        if apart or i > 0:
+            own = _replace(argv, "--port", str(free_port()))
+            if cfg.http_port:
+                own = _replace(own, "--http-port", str(free_port()))
+        own = _replace(own, "--worker-port", str(worker_ports[i]))
+        if etcd:
+            own = [*own, "--etcd", etcd, "--scheduler-id", f"scheduler-{i}"]
+        specs.append(
+            ChildSpec(
+                f"scheduler-{i}",
+                [*cli, "scheduler", *own],
+                critical=args.schedulers == 1,
+                kind="scheduler",
+            )
+        )
+    follow = ["--etcd", etcd] if etcd else ["--scheduler", f"127.0.0.1:{cfg.worker_port}"]
+    for i in range(args.frontends):
+        frontend_argv = [
+            *cli,
+            "frontend",
+            "--host",
+            cfg.host,
+            "--port",
+            str(cfg.port),
+            "--http-port",
+            str(cfg.http_port),
+            "--frontend-id",
+            f"frontend-{i}",
+            "--max-model-len",
+            str(cfg.max_model_len),
+            "--log-level",
+            cfg.log_level,
+            "--log-json" if cfg.log_json else "--no-log-json",
+            *follow,
+        ]
+        if cfg.model:
+            frontend_argv += ["--model", cfg.model]
+        specs.append(ChildSpec(f"frontend-{i}", frontend_argv, kind="frontend"))
     threads = max(1, (os.cpu_count() or 1) // max(1, args.workers))
     for i in range(args.workers):
         worker_argv = [
             *cli,
             "worker",
-            "--scheduler",
-            f"127.0.0.1:{cfg.worker_port}",
+            *follow,
             "--worker-id",  # a restarted worker keeps it: dashboards and metrics stay readable
             f"worker-{i}",
             "--num-threads",
@@ -39,6 +108,18 @@ def child_specs(args: argparse.Namespace, cfg) -> list[ChildSpec]:
             worker_argv += ["--model", cfg.model]
         specs.append(ChildSpec(f"worker-{i}", worker_argv))
     return specs
+
+
+def _replace(argv: list[str], flag: str, value: str) -> list[str]:
+    out = list(argv)
+    out[out.index(flag) + 1] = value
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def check_supervisor_config(cfg: SupervisorConfig) -> None:
@@ -63,7 +144,20 @@ def run_up(args: argparse.Namespace) -> int:
     env = dict(
         os.environ, SPLITSERVE_API_KEY=cfg.api_key, SPLITSERVE_WORKER_SECRET=cfg.worker_secret
     )
-    supervisor = Supervisor(sup_cfg, child_specs(args, cfg), lambda argv: spawn_process(argv, env))
+    if args.schedulers < 1 or args.frontends < 0 or args.workers < 0:
+        raise SystemExit("--schedulers must be 1 or more, --frontends and --workers 0 or more")
+    if args.schedulers > 1 and args.frontends == 0:
+        args.frontends = 1  # clients must not hang on a scheduler process that can die
+    etcd_dir = tempfile.mkdtemp(prefix="splitserve-etcd-")
+    specs = child_specs(args, cfg, etcd_dir)
+    # the control plane (etcd, schedulers, front-ends) before the compute: on a machine the
+    # workers saturate, a starved scheduler would miss its lease keepalives and hand over
+    niced = {tuple(spec.argv) for spec in specs if spec.kind == "worker"}
+    supervisor = Supervisor(
+        sup_cfg,
+        specs,
+        lambda argv: spawn_process(argv, env, WORKER_NICE if tuple(argv) in niced else 0),
+    )
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, supervisor.request_stop)
     if args.demo:

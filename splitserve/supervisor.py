@@ -1,14 +1,17 @@
-"""`splitserve up`'s supervisor: keeps a scheduler and its workers running as child processes.
+"""`splitserve up`'s supervisor: keeps schedulers, front-ends and workers running as child
+processes.
 
-A worker that exits without being asked to is started again, under the same command line (so
-the same --worker-id), after a backoff; past --max-restarts restarts within --restart-window it
-stays down and the others keep serving. The scheduler has no standby yet, so its death ends the
-group. A stop request (Ctrl-C, SIGTERM, SIGHUP) stops the group in order: the workers drain
-(SIGTERM: they finish their running requests), then the scheduler stops.
+A worker (or front-end, standby scheduler, local etcd) that exits without being asked to is
+started again, under the same command line (so the same --worker-id), after a backoff; past
+--max-restarts restarts within --restart-window it stays down and the others keep serving. A
+lone scheduler (no standby) is critical: its death ends the group. A stop request (Ctrl-C,
+SIGTERM, SIGHUP) stops the group in order: the workers drain (SIGTERM: they finish their running
+requests), then the front-ends, the schedulers and etcd stop.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -50,7 +53,8 @@ class SupervisorConfig:
 class ChildSpec:
     name: str
     argv: list[str]
-    critical: bool = False  # its death ends the group (the scheduler); otherwise it restarts
+    critical: bool = False  # its death ends the group (a scheduler with no standby)
+    kind: str = "worker"  # worker | frontend | scheduler | etcd: the order they stop in
 
 
 @dataclass(slots=True)
@@ -87,10 +91,12 @@ def describe_exit(code: int) -> dict:
     return {"exit_code": code}
 
 
-def spawn_process(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+def spawn_process(argv: list[str], env: dict[str, str], nice: int = 0) -> subprocess.Popen:
     # a process group of its own: the terminal's Ctrl-C reaches only `up`, which then stops
     # the children in order (workers drain before the scheduler goes)
-    return subprocess.Popen(argv, env=env, process_group=0)
+    return subprocess.Popen(
+        argv, env=env, process_group=0, preexec_fn=(lambda: os.nice(nice)) if nice else None
+    )
 
 
 class Supervisor:
@@ -176,7 +182,7 @@ class Supervisor:
         child.restarts.append(now)
         child.restart_at = now + delay
         log.warning(
-            "worker_died",
+            "worker_died" if child.spec.kind == "worker" else "child_died",
             child=child.spec.name,
             uptime_s=uptime_s,
             **describe_exit(code),
@@ -195,8 +201,8 @@ class Supervisor:
                 "stopping the workers; splitserve up exits 1"
             ),
         )
-        # nothing to drain into: the workers leave at once
-        self._stop_group(self._workers(), signal.SIGINT, HURRY_S)
+        # nothing to drain into: the others leave at once
+        self._stop_group([c for c in self.children if c.running], signal.SIGINT, HURRY_S)
 
     def _stop(self) -> int:
         log.info(
@@ -210,8 +216,9 @@ class Supervisor:
         for child in self.children:
             child.restart_at = None
         killed = self._stop_group(self._workers(), signal.SIGTERM, self.cfg.stop_timeout)
-        schedulers = [c for c in self.children if c.spec.critical]
-        killed |= self._stop_group(schedulers, signal.SIGINT, SCHEDULER_STOP_S)
+        for kind in ("frontend", "scheduler", "etcd"):
+            group = [c for c in self.children if c.spec.kind == kind]
+            killed |= self._stop_group(group, signal.SIGINT, SCHEDULER_STOP_S)
         code = 1 if killed else 0
         log.info("stopped", exit_code=code)
         return code
@@ -248,4 +255,4 @@ class Supervisor:
         return killed
 
     def _workers(self) -> list[Child]:
-        return [c for c in self.children if not c.spec.critical]
+        return [c for c in self.children if c.spec.kind == "worker"]

@@ -1,0 +1,217 @@
+"""What a client sees when the leader scheduler dies: `splitserve up --workers 2 --schedulers 2
+--frontends 2` (local etcd), 64 concurrent greedy streams, the leader killed (SIGKILL) at a
+random point of each run. Per run: the stall each stream saw (its largest gap between two
+messages) p50/p99/max, tokens lost or duplicated against an undisturbed run (must be 0), and
+what the takeover rebuilt: requests resumed, adopted on their worker's KV, tokens recomputed.
+
+    python bench/failover.py --runs 10 [--simulate] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from common.client import SplitserveClient  # noqa: E402
+from tests.e2e.procs import free_port  # noqa: E402
+
+
+@dataclass
+class Stream:
+    token_ids: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def max_gap(self) -> float:
+        return max((b - a for a, b in zip(self.times, self.times[1:], strict=False)), default=0.0)
+
+
+def cluster(http_port: int) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/cluster", timeout=2) as r:
+            return json.loads(r.read())
+    except Exception:  # noqa: BLE001 - not ready
+        return None
+
+
+def wait_ready(http_port: int, popen, min_epoch: int = 1, timeout: float = 300) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if popen.poll() is not None:
+            raise SystemExit("splitserve up exited; see its log")
+        body = cluster(http_port)
+        if (
+            body
+            and body["epoch"] >= min_epoch
+            and len(body["schedulers"]) == 2
+            and sum(w["state"] == "active" for w in body["workers"]) == 2
+            and len(body["frontends"]) == 2
+        ):
+            return body
+        time.sleep(0.3)
+    raise TimeoutError("the cluster did not come up")
+
+
+def run_streams(port: int, n: int, max_tokens: int, kill_after_s: float | None, kill) -> list:
+    streams = [Stream() for _ in range(n)]
+
+    def one(i: int) -> None:
+        s = streams[i]
+        with SplitserveClient(f"127.0.0.1:{port}", timeout=300, own_connection=True) as client:
+            try:
+                for msg in client.stream(
+                    f"Stream {i}: tell a long story about the sea.",
+                    max_tokens=max_tokens,
+                    temperature=0.0,
+                    ignore_eos=True,
+                ):
+                    if msg.token_ids:
+                        s.token_ids += msg.token_ids
+                        s.times.append(time.monotonic())
+            except Exception as exc:  # noqa: BLE001 - counted as a failed stream
+                s.error = str(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    if kill_after_s is not None:
+        time.sleep(kill_after_s)
+        kill()
+    for t in threads:
+        t.join()
+    return streams
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--streams", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--simulate", action="store_true", help="simulated workers (no model)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    port, http_port = free_port(), free_port()
+    log_path = Path(tempfile.mkdtemp(prefix="bench-failover-")) / "up.log"
+    argv = [
+        sys.executable,
+        "-m",
+        "splitserve.cli",
+        "up",
+        "--workers",
+        "2",
+        "--schedulers",
+        "2",
+        "--frontends",
+        "2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--http-port",
+        str(http_port),
+        "--worker-port",
+        str(free_port()),
+        "--etcd-port",
+        str(free_port()),
+        "--max-num-seqs",
+        "64",
+        "--log-level",
+        "warning",
+        "--worker-arg=--num-gpu-blocks=512",
+    ]
+    if args.simulate:
+        argv += ["--worker-arg=--simulate", "--worker-arg=--sim-step-base-ms=20"]
+    with open(log_path, "wb") as log:
+        popen = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    rows = []
+    try:
+        body = wait_ready(http_port, popen)
+        started = time.monotonic()
+        baseline = run_streams(port, args.streams, args.max_tokens, None, None)
+        duration = time.monotonic() - started
+        assert not any(s.error for s in baseline), [s.error for s in baseline if s.error][:3]
+        for run in tqdm(range(args.runs), desc="leader kills"):
+            leader = next(s for s in body["schedulers"] if s["role"] == "leader")
+            kill_at = rng.uniform(0.2, 0.8) * duration
+            victim = psutil.Process(leader["pid"])
+            streams = run_streams(port, args.streams, args.max_tokens, kill_at, victim.kill)
+            body = wait_ready(http_port, popen, min_epoch=leader["epoch"] + 1)
+            lost = dup = failed = 0
+            for got, want in zip(streams, baseline, strict=True):
+                failed += bool(got.error)
+                common = sum(
+                    1 for a, b in zip(got.token_ids, want.token_ids, strict=False) if a == b
+                )
+                lost += max(0, len(want.token_ids) - len(got.token_ids))
+                dup += max(0, len(got.token_ids) - len(want.token_ids))
+                dup += min(len(got.token_ids), len(want.token_ids)) - common
+            gaps = [s.max_gap for s in streams if not s.error]
+            takeover = body["last_takeover"]
+            rows.append(
+                {
+                    "run": run,
+                    "kill_at_s": round(kill_at, 2),
+                    "stall_p50_s": round(pct(gaps, 50), 3),
+                    "stall_p99_s": round(pct(gaps, 99), 3),
+                    "stall_max_s": round(max(gaps), 3),
+                    "failed": failed,
+                    "lost": lost,
+                    "duplicated": dup,
+                    "takeover_s": takeover["seconds"],
+                    "resumed": takeover["resumed"],
+                    "adopted": takeover["adopted"],
+                    "recomputed_tokens": takeover["recomputed_tokens"],
+                    "total_tokens": sum(len(s.token_ids) for s in baseline),
+                }
+            )
+    finally:
+        popen.send_signal(signal.SIGINT)
+        try:
+            popen.wait(60)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+    header = list(rows[0]) if rows else []
+    print(" | ".join(header))
+    for row in rows:
+        print(" | ".join(str(row[k]) for k in header))
+    if rows:
+        stalls = [r["stall_max_s"] for r in rows]
+        print(
+            f"\nover {len(rows)} runs: max stall p50 {statistics.median(stalls):.3f} s, "
+            f"max {max(stalls):.3f} s; lost {sum(r['lost'] for r in rows)}, duplicated "
+            f"{sum(r['duplicated'] for r in rows)}, failed {sum(r['failed'] for r in rows)}; "
+            f"adopted {sum(r['adopted'] for r in rows)}/{sum(r['resumed'] for r in rows)} "
+            f"resumed; recomputed {sum(r['recomputed_tokens'] for r in rows)} tokens "
+            f"of {sum(r['total_tokens'] for r in rows)}"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
