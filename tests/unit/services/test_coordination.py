@@ -283,3 +283,30 @@ def test_leader_watcher_thread_reports_changes_to_threaded_code(etcd, cluster):
     finally:
         thread.stop()
     assert not thread.is_alive()
+
+
+def test_etcd_does_not_outlive_its_killed_parent(tmp_path):
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "common.etcd_server", "--port", "0", "--data-dir", str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        etcd_pid = int(_read_line(parent, 15).split(", pid ")[1].split(",")[0])
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 5
+    while _running(etcd_pid):
+        assert time.monotonic() < deadline, "etcd survived its parent"
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
