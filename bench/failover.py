@@ -4,7 +4,7 @@ random point of each run. Per run: the stall each stream saw (its largest gap be
 messages) p50/p99/max, tokens lost or duplicated against an undisturbed run (must be 0), and
 what the takeover rebuilt: requests resumed, adopted on their worker's KV, tokens recomputed.
 
-    python bench/failover.py --runs 10 [--simulate] [--json out.json]
+    python bench/failover.py --runs 10 [--lease-ttl 2] [--simulate] [--json out.json]
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--simulate", action="store_true", help="simulated workers (no model)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lease-ttl", type=float, default=2.0, help="the schedulers' etcd lease")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -142,6 +143,12 @@ def main() -> int:
         "--log-level",
         "warning",
         "--worker-arg=--num-gpu-blocks=512",
+        "--lease-ttl",
+        str(args.lease_ttl),
+        "--max-restarts",  # every run kills a scheduler: restart it each time, at once
+        "1000",
+        "--restart-backoff",
+        "0.2",
     ]
     if args.simulate:
         argv += ["--worker-arg=--simulate", "--worker-arg=--sim-step-base-ms=20"]
@@ -188,6 +195,8 @@ def main() -> int:
                     "total_tokens": sum(len(s.token_ids) for s in baseline),
                 }
             )
+    except (TimeoutError, AssertionError, StopIteration) as exc:
+        print(f"stopped after {len(rows)} runs: {exc!r} (log: {log_path})", file=sys.stderr)
     finally:
         popen.send_signal(signal.SIGINT)
         try:

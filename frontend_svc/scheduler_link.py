@@ -73,6 +73,7 @@ class SchedulerLink:
         self.leader_address = ""
         self.connected = asyncio.Event()
         self.num_leader_changes = 0
+        self.stream_interval = 1
         self._outbox: asyncio.Queue[pb.FrontendMessage] | None = None
         self._outage_since: float | None = time.monotonic()
         self._outage_failed = False
@@ -86,6 +87,7 @@ class SchedulerLink:
                 f"request id {state.request_id!r} is already in flight; use a unique id"
             )
         self.requests[state.request_id] = state
+        state.set_stream_interval(self.stream_interval)
         self.observer.on_request_accepted(state)
         if self._outage_failed:
             self._fail(state, self._outage_sentence())
@@ -271,6 +273,7 @@ class SchedulerLink:
                     self._apply(update, now)
             elif kind == "status":
                 self.status = msg.status
+                self._pace(msg.status.stream_interval)
 
     def _apply(self, update: pb.RequestUpdate, now: float) -> None:
         request_id = update.request_id
@@ -311,6 +314,14 @@ class SchedulerLink:
             self.requests.pop(request_id, None)
         if state.finished:
             self.observer.on_request_finished(state)
+
+    def _pace(self, interval: int) -> None:
+        """The leader's --stream-interval (adaptive: it grows while the scheduler falls
+        behind), applied to this front-end's client streams as the embedded front-end does."""
+        if interval and interval != self.stream_interval:
+            self.stream_interval = interval
+            for state in self.requests.values():
+                state.set_stream_interval(interval)
 
     # ---- helpers --------------------------------------------------------------------------
     def _submit_message(self, state: Any) -> pb.SubmitRequest:

@@ -20,6 +20,7 @@ class EngineView(Protocol):
     requests: dict[str, Any]
     frontends: dict[str, Any]
     num_finished: int
+    pacer: Any
 
     @property
     def num_waiting(self) -> int: ...
@@ -91,6 +92,7 @@ def cluster_status(
         last_resumed=role.last_resumed,
         last_adopted=role.last_adopted,
         last_recomputed_tokens=role.last_recomputed_tokens,
+        stream_interval=engine.pacer.interval,
     )
     add = status.members.add
     add(
@@ -125,14 +127,16 @@ def cluster_status(
             num_requests=len(frontend.request_ids),
         )
     for session, stats in engine.worker_stats():
+        reg = session.registration
         add(
             kind="worker",
             id=session.worker_id,
-            host=session.registration.address,
+            host=reg.host or reg.address,
+            pid=reg.pid,
             state=session.state,
             num_running=stats.num_running,
             kv_usage=stats.kv_usage,
-            address=session.registration.address,
+            address=reg.address,
         )
     return status
 

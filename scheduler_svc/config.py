@@ -54,12 +54,19 @@ class SchedulerServiceConfig:
         "up with its workers, up to 16 while they wait on it), N = always N (1 = each token at "
         "once)",
     )
+    client_api: bool = _opt(
+        True,
+        "serve the client APIs here (gRPC --port, OpenAI routes on --http-port); off when "
+        "front-ends run apart (splitserve frontend): no tokenizer in this process",
+    )
     etcd: str = _opt(
         "", "etcd HOST:PORT: run as leader or standby, elected there (empty = the only scheduler)"
     )
     scheduler_id: str = _opt("", "this scheduler's id in etcd (default: host-pid)")
     advertise_host: str = _opt(
-        "127.0.0.1", "host workers and front-ends dial to reach this scheduler (published in etcd)"
+        "",
+        "host workers and front-ends dial to reach this scheduler (published in etcd); "
+        "default: --host, or this host's address when --host is 0.0.0.0",
     )
     lease_ttl: float = _opt(2.0, "seconds the leader's etcd lease lasts without a keepalive")
     takeover_wait: float = _opt(

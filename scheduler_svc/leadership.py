@@ -39,15 +39,24 @@ class LeadershipLost(Exception):
     """This scheduler led and does not any more: the process must exit."""
 
 
+def advertised_host(cfg: SchedulerServiceConfig) -> str:
+    if cfg.advertise_host:
+        return cfg.advertise_host
+    if cfg.host not in ("", "0.0.0.0", "::"):
+        return cfg.host
+    return socket.gethostbyname(socket.gethostname())  # a container's own address
+
+
 def member_info(cfg: SchedulerServiceConfig, role: SchedulerRole, worker_port: int, http_port: int):
-    address = f"{cfg.advertise_host}:{worker_port}"
+    host = advertised_host(cfg)
+    address = f"{host}:{worker_port}"
     return {
         "scheduler_id": role.scheduler_id,
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "worker_address": address,  # workers and front-ends dial the same internal port
         "frontend_address": address,
-        "http_address": f"{cfg.advertise_host}:{http_port}" if http_port else "",
+        "http_address": f"{host}:{http_port}" if http_port else "",
     }
 
 

@@ -67,7 +67,6 @@ class SchedulerServer:
         check_config(cfg)
         self.cfg = cfg
         source = resolve_model(cfg.model)
-        self.tokenizer = load_tokenizer(source)
         model_name = cfg.served_model_name or source.name
         self.engine = ServingEngine(cfg, source.name)
         self.role = SchedulerRole(role="standby" if cfg.etcd else "leader")
@@ -75,25 +74,20 @@ class SchedulerServer:
             self.role.scheduler_id = cfg.scheduler_id
         if cfg.etcd:  # nothing is dispatched before this one leads and has rebuilt
             self.engine.begin_rebuild()
-        aliases = {source.name, model_name, str(cfg.model or "")} - {""}
-        self.intake = Intake(self.tokenizer, model_name, aliases, cfg.max_model_len)
-        options = [
-            ("grpc.max_receive_message_length", cfg.max_message_bytes),
-            ("grpc.max_send_message_length", cfg.max_message_bytes),
-        ]
+        self.intake: Intake | None = None
+        if cfg.client_api:  # the embedded front-end: this process serves the clients too
+            aliases = {source.name, model_name, str(cfg.model or "")} - {""}
+            tokenizer = load_tokenizer(source)
+            self.intake = Intake(tokenizer, model_name, aliases, cfg.max_model_len)
         self.metrics = MetricsObserver(self.engine)
         self.metrics.registry.register(RoleCollector(self.role))
         self.history = DashboardHistory(self.engine)
         self.engine.observer = ObserverGroup(self.metrics, self.history)
-        interceptors = []
-        if cfg.api_key:
-            observer = self.engine.observer
-
-            def refused(method: str) -> None:
-                observer.on_request_rejected("unauthenticated")
-
-            interceptors.append(ApiKeyInterceptor(cfg.api_key, refused))
-        self.client_server = grpc.aio.server(options=options, interceptors=interceptors)
+        self.health = health.aio.HealthServicer()
+        self.client_server: grpc.aio.Server | None = None
+        self.port = 0
+        if self.intake is not None:
+            self.client_server, self.port = self._client_api(cfg, self.intake)
         self.worker_server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", WORKER_LINK_MAX_MESSAGE_BYTES),
@@ -102,21 +96,6 @@ class SchedulerServer:
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
             ]
-        )
-        self.health = health.aio.HealthServicer()
-        add_servicer(  # parses requests itself: broken bytes get INVALID_ARGUMENT
-            GenerationService(self.engine, self.intake),
-            self.client_server,
-            generation_pb2.DESCRIPTOR.services_by_name["Generation"],
-        )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.client_server)
-        reflection.enable_server_reflection(
-            (
-                generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            self.client_server,
         )
         worker_link_pb2_grpc.add_WorkerLinkServicer_to_server(
             WorkerLinkService(self.engine, lambda: self.role.epoch), self.worker_server
@@ -135,13 +114,6 @@ class SchedulerServer:
                 reflection.SERVICE_NAME,
             ),
             self.worker_server,
-        )
-        self.port = add_port(
-            self.client_server,
-            f"{cfg.host}:{cfg.port}",
-            cfg.tls_cert_file,
-            cfg.tls_key_file,
-            cfg.tls_client_ca_file,
         )
         self.worker_port = add_port(
             self.worker_server,
@@ -164,6 +136,47 @@ class SchedulerServer:
                 ssl_ca_certs=cfg.tls_client_ca_file,
             )
 
+    def _client_api(
+        self, cfg: SchedulerServiceConfig, intake: Intake
+    ) -> tuple[grpc.aio.Server, int]:
+        interceptors = []
+        if cfg.api_key:
+            observer = self.engine.observer
+
+            def refused(method: str) -> None:
+                observer.on_request_rejected("unauthenticated")
+
+            interceptors.append(ApiKeyInterceptor(cfg.api_key, refused))
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", cfg.max_message_bytes),
+                ("grpc.max_send_message_length", cfg.max_message_bytes),
+            ],
+            interceptors=interceptors,
+        )
+        add_servicer(  # parses requests itself: broken bytes get INVALID_ARGUMENT
+            GenerationService(self.engine, intake),
+            server,
+            generation_pb2.DESCRIPTOR.services_by_name["Generation"],
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (
+                generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
+        port = add_port(
+            server,
+            f"{cfg.host}:{cfg.port}",
+            cfg.tls_cert_file,
+            cfg.tls_key_file,
+            cfg.tls_client_ca_file,
+        )
+        return server, port
+
     @property
     def http_port(self) -> int:
         return self.http.port if self.http is not None else 0
@@ -172,7 +185,8 @@ class SchedulerServer:
         return status_to_json(cluster_status(self.engine, self.role, self.cfg.max_model_len))
 
     async def start(self) -> None:
-        await self.client_server.start()
+        if self.client_server is not None:
+            await self.client_server.start()
         await self.worker_server.start()
         if self.http is not None:
             await self.http.start()
@@ -202,7 +216,7 @@ class SchedulerServer:
                 continue  # its front-end resubmits it to the next leader
             state.fail("the scheduler is shutting down; retry later", code="UNAVAILABLE")
         await asyncio.gather(
-            self.client_server.stop(grace),
+            self.client_server.stop(grace) if self.client_server is not None else asyncio.sleep(0),
             self.worker_server.stop(grace),
             self.http.stop() if self.http is not None else asyncio.sleep(0),
         )

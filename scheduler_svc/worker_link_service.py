@@ -200,6 +200,8 @@ class WorkerLinkService(pb_grpc.WorkerLinkServicer):
             address=context.peer(),
             costs=WorkerCosts.from_message(reg),
             kernels=reg.kernels,
+            host=reg.host,
+            pid=reg.pid,
             epoch=reg.epoch,
             held=held_requests(reg),
         )

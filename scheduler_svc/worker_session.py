@@ -75,6 +75,8 @@ class WorkerRegistration:
     address: str = ""
     costs: WorkerCosts | None = None  # measured by the worker (preemption cost model)
     kernels: str = ""  # the worker's CPU level and kernel per op family, as it reported them
+    host: str = ""  # as the worker reported them (for /cluster)
+    pid: int = 0
     epoch: int = 0  # the highest leader epoch the worker has accepted
     held: list[HeldRequest] = field(default_factory=list)  # rows it kept across a failover
 

@@ -48,7 +48,9 @@ class FrontendConfig:
     )
     etcd: str = _opt("", "etcd HOST:PORT: follow the leader scheduler named there")
     frontend_id: str = _opt("", "this front-end's id (default: host-pid)")
-    advertise_host: str = _opt("127.0.0.1", "host clients reach this front-end at (for /cluster)")
+    advertise_host: str = _opt(
+        "", "host clients reach this front-end at, for /cluster (default: --host, or host name)"
+    )
     model: str | None = _opt(None, "model (for its tokenizer and chat template)")
     served_model_name: str | None = _opt(None, "name clients use; default: the model's name")
     max_model_len: int = _opt(4096, "longest prompt + output in tokens")
@@ -68,12 +70,15 @@ class FrontendServer:
         source = resolve_model(cfg.model)
         tokenizer = load_tokenizer(source)
         model_name = cfg.served_model_name or source.name
+        shown = cfg.advertise_host or (
+            cfg.host if cfg.host not in ("", "0.0.0.0", "::") else socket.gethostname()
+        )
         identity = FrontendIdentity(
             frontend_id=cfg.frontend_id or f"{socket.gethostname()}-{os.getpid()}",
             host=socket.gethostname(),
             pid=os.getpid(),
-            http_address=f"{cfg.advertise_host}:{cfg.http_port}" if cfg.http_port else "",
-            grpc_address=f"{cfg.advertise_host}:{cfg.port}",
+            http_address=f"{shown}:{cfg.http_port}" if cfg.http_port else "",
+            grpc_address=f"{shown}:{cfg.port}",
         )
         finder = EtcdLeader(cfg.etcd) if cfg.etcd else FixedLeader(cfg.scheduler)
         self.link = SchedulerLink(

@@ -54,8 +54,10 @@ def child_specs(args: argparse.Namespace, cfg, etcd_data_dir: str = "") -> list[
     worker_ports = [cfg.worker_port] + [free_port() for _ in range(args.schedulers - 1)]
     for i in range(args.schedulers):
         own = argv
+        if apart:  # the front-ends serve the clients: this process only schedules
+            own = [("--no-client-api" if a == "--client-api" else a) for a in own]
         if apart or i > 0:
-            own = _replace(argv, "--port", str(free_port()))
+            own = _replace(own, "--port", str(free_port()))
             if cfg.http_port:
                 own = _replace(own, "--http-port", str(free_port()))
         own = _replace(own, "--worker-port", str(worker_ports[i]))

@@ -8,8 +8,10 @@ link on) one older than the highest it has accepted. With --etcd it follows the 
 
 from __future__ import annotations
 
+import os
 import queue
 import random
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -94,6 +96,8 @@ class WorkerLinkClient:
             device=str(getattr(r, "device", "")),
             dtype=str(getattr(r, "dtype", "")),
             kernels=getattr(r, "kernels", "simulated"),
+            host=socket.gethostname(),
+            pid=os.getpid(),
             epoch=self.epoch,
             held=self._held,
             **self.costs(),

@@ -145,7 +145,7 @@ class ClusterMember(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., role: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., num_running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., address: _Optional[str] = ..., num_requests: _Optional[int] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("server_info", "members", "num_failovers", "last_takeover_s", "last_resumed", "last_adopted", "last_recomputed_tokens")
+    __slots__ = ("server_info", "members", "num_failovers", "last_takeover_s", "last_resumed", "last_adopted", "last_recomputed_tokens", "stream_interval")
     SERVER_INFO_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     NUM_FAILOVERS_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +153,7 @@ class ClusterStatus(_message.Message):
     LAST_RESUMED_FIELD_NUMBER: _ClassVar[int]
     LAST_ADOPTED_FIELD_NUMBER: _ClassVar[int]
     LAST_RECOMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     server_info: _generation_pb2.ServerInfo
     members: _containers.RepeatedCompositeFieldContainer[ClusterMember]
     num_failovers: int
@@ -160,4 +161,5 @@ class ClusterStatus(_message.Message):
     last_resumed: int
     last_adopted: int
     last_recomputed_tokens: int
-    def __init__(self, server_info: _Optional[_Union[_generation_pb2.ServerInfo, _Mapping]] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., num_failovers: _Optional[int] = ..., last_takeover_s: _Optional[float] = ..., last_resumed: _Optional[int] = ..., last_adopted: _Optional[int] = ..., last_recomputed_tokens: _Optional[int] = ...) -> None: ...
+    stream_interval: int
+    def __init__(self, server_info: _Optional[_Union[_generation_pb2.ServerInfo, _Mapping]] = ..., members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., num_failovers: _Optional[int] = ..., last_takeover_s: _Optional[float] = ..., last_resumed: _Optional[int] = ..., last_adopted: _Optional[int] = ..., last_recomputed_tokens: _Optional[int] = ..., stream_interval: _Optional[int] = ...) -> None: ...

@@ -55,7 +55,8 @@ def create_app(ctx: HttpContext) -> FastAPI:
         openapi_url=None,
     )
     install_error_handlers(app)
-    app.include_router(openai_router(ctx))
+    if ctx.intake is not None:  # not on a scheduler whose front-ends run apart
+        app.include_router(openai_router(ctx))
     app.include_router(priority_router(ctx))
 
     @app.get("/health")

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 @dataclass(slots=True)
 class HttpContext:
     engine: ServingEngine
-    intake: Intake
+    intake: Intake | None  # None: no client API in this process
     api_key: str = ""
     metrics: MetricsObserver | None = None
     history: DashboardHistory | None = None
