@@ -155,6 +155,13 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict]:
                     )
                 texts.append(part.text)
             content = "\n".join(texts)
+        elif m.content is None and m.role != "assistant":
+            raise OpenAIError(
+                400,
+                f"messages[{i}]: a {m.role} message needs content (a string or text parts)",
+                f"messages.{i}.content",
+                "invalid_request",
+            )
         else:
             content = m.content or ""
         role = "system" if m.role == "developer" else m.role

@@ -24,6 +24,22 @@ ERROR_TYPES = {
     503: "service_unavailable_error",
 }
 
+# the `code` of an error raised without one: always a string, as OpenAI's API gives it
+CODE_FOR_STATUS = {
+    400: "invalid_request",
+    401: "invalid_api_key",
+    403: "permission_denied",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "timeout",
+    409: "conflict",
+    413: "request_too_large",
+    429: "rate_limit_exceeded",
+    499: "cancelled",
+    500: "internal_error",
+    503: "unavailable",
+}
+
 # a StreamDelta's error_code (a grpc.StatusCode name) -> HTTP status
 STATUS_FOR_CODE = {
     "INVALID_ARGUMENT": 400,
@@ -73,7 +89,7 @@ def error_body(
                 status, "server_error" if status >= 500 else "invalid_request_error"
             ),
             "param": param,
-            "code": code if code is not None else status,
+            "code": str(code) if code is not None else CODE_FOR_STATUS.get(status, "error"),
         }
     }
 

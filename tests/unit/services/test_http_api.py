@@ -185,6 +185,28 @@ def test_bad_requests_get_openai_error_bodies(payload, status, needle):
     assert set(err) == {"message", "type", "param", "code"}
     assert needle in err["message"]
     assert err["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+    assert isinstance(err["code"], str) and err["code"]  # never the status as a number
+
+
+@pytest.mark.parametrize(
+    ("messages", "needle"),
+    [
+        ([{"role": "user"}], "messages[0]: a user message needs content"),
+        ([{"role": "system", "content": "be brief"}, {"role": "user"}], "messages[1]"),
+        ([{"role": "tool", "content": None}], "a tool message needs content"),
+    ],
+)
+def test_a_chat_message_without_content_is_refused_not_run(messages, needle):
+    async def body(client, ctx):
+        r = await client.post("/v1/chat/completions", json={"messages": messages})
+        return r, dict(ctx.engine.requests)
+
+    r, in_flight = run(body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert needle in err["message"] and err["code"] == "invalid_request"
+    assert err["param"].startswith("messages.")
+    assert not in_flight
 
 
 def test_invalid_json_unknown_route_and_models():
@@ -201,6 +223,8 @@ def test_invalid_json_unknown_route_and_models():
     bad, missing, models, one, other = run(body)
     assert bad.status_code == 400 and "JSON" in bad.json()["error"]["message"]
     assert missing.status_code == 404 and "/v1/completions" in missing.json()["error"]["message"]
+    assert bad.json()["error"]["code"] == "invalid_request"
+    assert missing.json()["error"]["code"] == "not_found"
     assert models.json()["data"][0]["id"] == MODEL
     assert one.json()["id"] == MODEL and one.json()["max_model_len"] == 512
     assert other.status_code == 404
