@@ -340,6 +340,7 @@ class SchedulerLink:
             num_migrations=state.num_migrations,
             age_s=max(0.0, now - state.arrival_time),
             eos_token_id=-1 if state.eos_token_id is None else state.eos_token_id,
+            prefill_after=state.prefill_after or "",
         )
 
     def _cancel(self, request_id: str) -> None:

@@ -74,6 +74,7 @@ class ServingEngine:
         self._resumed: list[RequestState] = []  # reported by front-ends during the rebuild
         self._held: dict[str, tuple[WorkerSession, Any]] = {}  # request id -> worker row
         self.may_act: Callable[[], bool] = lambda: True  # False once leadership is lost
+        self._parked: dict[str, list[RequestState]] = {}  # first of a group -> its siblings
         self.placement = placement.PlacementConfig(
             min_prefix_tokens=config.placement_min_prefix_tokens,
             balance_abs=config.placement_balance_abs,
@@ -97,8 +98,13 @@ class ServingEngine:
         self.requests[state.request_id] = state
         state.core = request
         state.set_stream_interval(self.pacer.interval)
-        self.waiting.add(request)
         self.observer.on_request_accepted(state)
+        first = self.requests.get(state.prefill_after or "")
+        if first is not None and first.first_token_time is None and first is not state:
+            # a sibling of an n > 1 group: runs once the first one's prompt is in the cache
+            self._parked.setdefault(first.request_id, []).append(state)
+            return
+        self.waiting.add(request)
         if not live:
             self._start_wait_timer(state)
         self._dispatch()
@@ -267,6 +273,8 @@ class ServingEngine:
     def _end(self, state: RequestState) -> None:
         """Bookkeeping once a request's stream has its last message."""
         self.requests.pop(state.request_id, None)
+        if state.request_id in self._parked:
+            self._unpark(state.request_id)
         self._cancel_wait_timer(state)
         state.finish_time = time.monotonic()
         self.num_finished += 1
@@ -291,8 +299,19 @@ class ServingEngine:
                 state.finish_reason = FinishReason.ABORT
             self._end(state)
 
+    def _unpark(self, first_id: str) -> None:
+        for sibling in self._parked.pop(first_id, ()):
+            if sibling.core is not None and self.requests.get(sibling.request_id) is sibling:
+                self.waiting.add(sibling.core)
+                if not self._live_sessions():
+                    self._start_wait_timer(sibling)
+        self._dispatch()
+
     def _release(self, state: RequestState) -> None:
         self.waiting.remove(state.request_id)
+        parked = self._parked.get(state.prefill_after or "")
+        if parked and state in parked:
+            parked.remove(state)
         session = self._leave_session(state)
         if session is not None:
             session.scheduler.abort_request(state.request_id)
@@ -526,6 +545,8 @@ class ServingEngine:
                 )
             if new_ids:
                 delivered.append((state, len(new_ids)))
+                if request_id in self._parked:  # its prompt is computed: the siblings go
+                    self._unpark(request_id)
             if stopped_by_string:
                 session.scheduler.abort_request(request_id)
             if state.finish_reason is not None:

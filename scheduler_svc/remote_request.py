@@ -116,6 +116,7 @@ def remote_request(
         output_token_ids=list(msg.output_token_ids),
         num_migrations=msg.num_migrations,
         first_token_time=now if msg.output_token_ids else None,
+        prefill_after=msg.prefill_after or None,
         sink=sink,
         frontend_id=frontend_id,
     )

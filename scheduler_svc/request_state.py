@@ -143,6 +143,9 @@ class RequestState:
     wait_timer: asyncio.TimerHandle | None = None
     core: Request | None = None  # the core request, in the global queue or on a worker
     inflight_hashes: list[bytes] = field(default_factory=list)  # prefix announced to a worker
+    # n > 1: a sibling waits for this request's prompt to be computed (and cached), then
+    # prefills only the partial last block (scheduler_svc/engine.py, "parked")
+    prefill_after: str | None = None
     # --stream-interval: after the first token, tokens are streamed this many at a time (the
     # rest wait here; the last delta carries whatever waits)
     stream_interval: int = 1  # 1 for a request that asked for logprobs

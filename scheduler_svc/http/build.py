@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from dataclasses import replace
 
 from scheduler_svc.core import RequestRejected, SamplingParams, validate_sampling_params
 from scheduler_svc.http.errors import OpenAIError
@@ -28,9 +29,12 @@ def check_model(intake: Intake, model: str | None) -> None:
         raise OpenAIError(404, str(exc), "model", "model_not_found") from exc
 
 
+MAX_CHOICES = 16  # n and best_of
+
+
 def _common_checks(body: _SamplingBody) -> None:
-    if body.n != 1:
-        raise OpenAIError(400, f"n must be 1 (got {body.n}); send {body.n} requests instead", "n")
+    if not 1 <= body.n <= MAX_CHOICES:
+        raise OpenAIError(400, f"n must be in [1, {MAX_CHOICES}]; got {body.n}", "n")
     if body.logit_bias:
         raise OpenAIError(400, "logit_bias is not supported", "logit_bias")
     if body.stream_options is not None and not body.stream:
@@ -128,8 +132,13 @@ def build_completion(intake: Intake, body: CompletionRequest) -> RequestState:
     _common_checks(body)
     if body.suffix:
         raise OpenAIError(400, "suffix is not supported", "suffix")
-    if body.best_of not in (None, 1):
-        raise OpenAIError(400, "best_of must be 1", "best_of")
+    if body.best_of is not None:
+        if not body.n <= body.best_of <= MAX_CHOICES:
+            raise OpenAIError(
+                400, f"best_of must be in [n, {MAX_CHOICES}]; got {body.best_of}", "best_of"
+            )
+        if body.stream and body.best_of > body.n:
+            raise OpenAIError(400, "best_of > n cannot be streamed", "best_of")
     if body.echo and body.logprobs is not None:
         raise OpenAIError(400, "echo with logprobs (prompt logprobs) is not supported", "echo")
     try:
@@ -196,3 +205,34 @@ def build_chat(intake: Intake, body: ChatCompletionRequest) -> RequestState:
         return _state(intake, body, prompt, max_tokens, logprobs, f"chatcmpl-{uuid.uuid4().hex}")
     except RequestRejected as exc:
         raise OpenAIError(400, str(exc), None, "invalid_request") from exc
+
+
+def choices(intake: Intake, body: _SamplingBody, first: RequestState) -> list[RequestState]:
+    """n > 1 (and best_of): `first` and its siblings, one request per choice. Each sibling has
+    its own seed stream (seed + index) and waits for the first one's prompt to be computed, so
+    the prompt's KV blocks are computed once and shared through the prefix cache; only the
+    partial last block is computed again per choice. best_of > n asks every choice for its
+    sampled tokens' logprobs, to pick the n most likely."""
+    count = max(body.n, getattr(body, "best_of", None) or body.n)
+    if count == 1:
+        return [first]
+    if count > body.n and first.params.logprobs is None:
+        first.params = replace(first.params, logprobs=0)
+    group = [first]
+    for i in range(1, count):
+        params = first.params
+        if params.seed is not None:
+            params = replace(params, seed=params.seed + i)
+        sibling = intake.make_state(
+            request_id=f"{first.request_id}-{i}",
+            prompt=first.prompt_token_ids,
+            params=params,
+            stop=_stop_strings(body.stop),
+            priority=first.priority,
+            tenant=first.tenant,
+            deadline_s=body.deadline or 0.0,
+            skip_special_tokens=body.skip_special_tokens,
+        )
+        sibling.prefill_after = first.request_id
+        group.append(sibling)
+    return group

@@ -36,6 +36,7 @@ class ResponseFormatter:
     echo_text: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     text_offset: int = 0  # completions logprobs: characters before the next token
+    index: int = 0  # the choice (n > 1)
 
     # ---- pieces ---------------------------------------------------------------------------
     def _token_text(self, token_id: int) -> str:
@@ -81,7 +82,7 @@ class ResponseFormatter:
             **self._head("chat.completion.chunk"),
             "choices": [
                 {
-                    "index": 0,
+                    "index": self.index,
                     "delta": {"role": "assistant", "content": ""},
                     "logprobs": None,
                     "finish_reason": None,
@@ -92,7 +93,7 @@ class ResponseFormatter:
     def chunk(self, delta: StreamDelta, text_prefix: str = "") -> dict:
         finish = str(delta.finish_reason) if delta.finish_reason is not None else None
         text = text_prefix + delta.text
-        choice: dict = {"index": 0}
+        choice: dict = {"index": self.index}
         if self.chat:
             choice["delta"] = {"content": text} if text or finish is None else {}
         else:
@@ -119,7 +120,7 @@ class ResponseFormatter:
         entries = [e for d in deltas for e in (d.logprobs or ())]
         finish = str(last.finish_reason) if last and last.finish_reason is not None else None
         completion_tokens = last.num_output_tokens if last else 0
-        choice: dict = {"index": 0}
+        choice: dict = {"index": self.index}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:

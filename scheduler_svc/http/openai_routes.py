@@ -6,9 +6,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from common.logging import get_logger
-from scheduler_svc.admission import Overloaded
-from scheduler_svc.core import RequestRejected
-from scheduler_svc.http.build import build_chat, build_completion, check_model
+from scheduler_svc.http.build import build_chat, build_completion, check_model, choices
+from scheduler_svc.http.choices import CLIENT_CLOSED, serve_choices, submit_or_raise
 from scheduler_svc.http.context import HttpContext
 from scheduler_svc.http.errors import OpenAIError, error_body
 from scheduler_svc.http.format import ResponseFormatter, usage
@@ -17,7 +16,6 @@ from scheduler_svc.http.streams import DisconnectWatcher, sse
 from scheduler_svc.request_state import RequestState, StreamDelta
 
 log = get_logger("splitserve.http")
-CLIENT_CLOSED = 499  # nginx's status for "the client closed the connection"
 
 
 def openai_router(ctx: HttpContext) -> APIRouter:
@@ -47,30 +45,49 @@ def openai_router(ctx: HttpContext) -> APIRouter:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(intake, body.model)
         state = _built(ctx, lambda: build_completion(intake, body))
-        fmt = ResponseFormatter(
-            chat=False,
-            request_id=state.request_id,
-            model=body.model or intake.model_name,
-            prompt_tokens=len(state.prompt_token_ids),
-            tokenizer=intake.tokenizer,
-            want_logprobs=body.logprobs is not None,
-            echo_text=intake.tokenizer.decode(state.prompt_token_ids) if body.echo else "",
-        )
-        return await _serve(ctx, request, state, fmt, body.stream, body.stream_options)
+        group = _built(ctx, lambda: choices(intake, body, state))
+        echo = intake.tokenizer.decode(state.prompt_token_ids) if body.echo else ""
+
+        def fmt(index: int = 0) -> ResponseFormatter:
+            return ResponseFormatter(
+                chat=False,
+                request_id=state.request_id,
+                model=body.model or intake.model_name,
+                prompt_tokens=len(state.prompt_token_ids),
+                tokenizer=intake.tokenizer,
+                want_logprobs=body.logprobs is not None,
+                echo_text=echo,
+                index=index,
+            )
+
+        if len(group) > 1:
+            return await serve_choices(
+                ctx, request, group, fmt, body.n, body.stream, body.stream_options
+            )
+        return await _serve(ctx, request, state, fmt(), body.stream, body.stream_options)
 
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(intake, body.model)
         state = _built(ctx, lambda: build_chat(intake, body))
-        fmt = ResponseFormatter(
-            chat=True,
-            request_id=state.request_id,
-            model=body.model or intake.model_name,
-            prompt_tokens=len(state.prompt_token_ids),
-            tokenizer=intake.tokenizer,
-            want_logprobs=body.logprobs,
-        )
-        return await _serve(ctx, request, state, fmt, body.stream, body.stream_options)
+        group = _built(ctx, lambda: choices(intake, body, state))
+
+        def fmt(index: int = 0) -> ResponseFormatter:
+            return ResponseFormatter(
+                chat=True,
+                request_id=state.request_id,
+                model=body.model or intake.model_name,
+                prompt_tokens=len(state.prompt_token_ids),
+                tokenizer=intake.tokenizer,
+                want_logprobs=body.logprobs,
+                index=index,
+            )
+
+        if len(group) > 1:
+            return await serve_choices(
+                ctx, request, group, fmt, body.n, body.stream, body.stream_options
+            )
+        return await _serve(ctx, request, state, fmt(), body.stream, body.stream_options)
 
     return router
 
@@ -87,16 +104,7 @@ async def _serve(
     ctx: HttpContext, request: Request, state: RequestState, fmt: ResponseFormatter, stream, opts
 ) -> Response:
     engine = ctx.engine
-    try:
-        engine.submit(state)
-    except Overloaded as exc:
-        engine.observer.on_request_rejected("overloaded")
-        raise OpenAIError(
-            429, str(exc), None, "rate_limit_exceeded", retry_after_s=exc.retry_after_s
-        ) from exc
-    except RequestRejected as exc:
-        engine.observer.on_request_rejected("invalid")
-        raise OpenAIError(400, str(exc), None, "invalid_request") from exc
+    submit_or_raise(ctx, state)
     log.info(
         "request_accepted",
         request_id=state.request_id,

@@ -127,6 +127,46 @@ def test_stop_string_and_seeded_sampling(oai, model, grpc_greedy):
     )
 
 
+def test_n_choices_and_best_of_with_the_official_client(oai, model, grpc_greedy):
+    expected, chat_expected = grpc_greedy
+    r = oai.completions.create(
+        model=model,
+        prompt=PROMPT,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        n=3,
+        extra_body={"ignore_eos": True},
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [expected.text] * 3  # greedy, prompt shared
+    assert r.usage.prompt_tokens == len(load_tokenizer(None).encode(PROMPT))
+    assert r.usage.completion_tokens == 3 * MAX_TOKENS
+    kwargs = dict(model=model, prompt=PROMPT, max_tokens=12, temperature=1.0, seed=3, n=4)
+    sampled = [c.text for c in oai.completions.create(**kwargs).choices]
+    assert len(set(sampled)) > 1  # a seed stream per choice (seed + index)
+    assert sampled == [c.text for c in oai.completions.create(**kwargs).choices]
+    stream = oai.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0, n=2, stream=True
+    )
+    parts = ["", ""]
+    for chunk in stream:  # assembled by index, as the client's users do
+        for choice in chunk.choices:
+            parts[choice.index] += choice.delta.content or ""
+    assert parts == [chat_expected.text] * 2
+    best = oai.completions.create(
+        model=model,
+        prompt=PROMPT,
+        max_tokens=6,
+        temperature=1.0,
+        seed=5,
+        n=2,
+        best_of=4,
+        extra_body={"ignore_eos": True},
+    )
+    assert [c.index for c in best.choices] == [0, 1]
+    assert best.usage.completion_tokens == 4 * 6  # all four were generated
+
+
 def test_logprobs_on_chat(oai, model):
     r = oai.chat.completions.create(
         model=model, messages=MESSAGES, max_tokens=3, temperature=0, logprobs=True, top_logprobs=2
@@ -144,8 +184,11 @@ def test_errors_have_openai_status_codes(cluster, oai, model):
         oai.completions.create(model=model, prompt=PROMPT, max_tokens=2, temperature=-1)
     assert "temperature" in err.value.message
     with pytest.raises(openai.BadRequestError) as err:
-        oai.completions.create(model=model, prompt=PROMPT, max_tokens=2, n=2)
-    assert "n must be 1" in err.value.message
+        oai.completions.create(model=model, prompt=PROMPT, max_tokens=2, n=17)
+    assert "n must be in [1, 16]" in err.value.message
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.chat.completions.create(model=model, messages=[{"role": "user"}])
+    assert err.value.code == "invalid_request" and "needs content" in err.value.message
     with pytest.raises(openai.NotFoundError) as err:
         oai.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=2)
     assert "unknown model" in err.value.message

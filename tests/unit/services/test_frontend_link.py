@@ -197,3 +197,22 @@ async def test_a_new_leader_adopts_the_rows_a_worker_holds_instead_of_recomputin
         assert session.scheduler.kv.num_free_blocks == 64
     finally:
         task.cancel()
+
+
+@run_async
+async def test_a_sibling_of_an_n_group_waits_for_the_first_prompt_across_the_link():
+    engine, session, task, leader, link = await started()
+    try:
+        prompt = list(range(50, 62))  # 3 blocks of 4
+        first = make_state("g", prompt, 4)
+        sibling = make_state("g-1", prompt, 4)
+        sibling.prefill_after = "g"
+        link.submit(first)
+        link.submit(sibling)
+        (a, _), (b, _) = await asyncio.gather(drain(first), drain(sibling))
+        assert a == b == reference(prompt, 4)
+        assert session.scheduler.stats().prefix_cache_hits == 8  # 2 of the 3 blocks
+    finally:
+        await link.stop()
+        await leader.stop()
+        task.cancel()

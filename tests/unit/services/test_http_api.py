@@ -12,6 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from common.tokenizer import load_tokenizer
 from scheduler_svc.dashboard.history import DashboardHistory
 from scheduler_svc.http import HttpContext, create_app
+from scheduler_svc.http.build import build_chat, choices
+from scheduler_svc.http.protocol import ChatCompletionRequest
 from scheduler_svc.intake import Intake
 from scheduler_svc.metrics import MetricsObserver, ObserverGroup
 from tests.engine_fakes import (
@@ -164,7 +166,9 @@ def test_stop_string_ends_the_completion_before_it():
     ("payload", "status", "needle"),
     [
         ({"prompt": "x", "temperature": -1}, 400, "temperature"),
-        ({"prompt": "x", "n": 2}, 400, "n must be 1"),
+        ({"prompt": "x", "n": 17}, 400, "n must be in [1, 16]"),
+        ({"prompt": "x", "n": 3, "best_of": 2}, 400, "best_of must be in [n, 16]"),
+        ({"prompt": "x", "n": 1, "best_of": 2, "stream": True}, 400, "cannot be streamed"),
         ({"prompt": "x", "max_tokenz": 3}, 400, "max_tokenz"),
         ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
         ({"prompt": ""}, 400, "empty"),
@@ -400,3 +404,87 @@ def test_infinite_logprobs_become_finite_json():
     )
     body = json.dumps(fmt.chunk(delta), allow_nan=False)  # would raise on inf / nan
     assert "-9999.0" in body
+
+
+PROMPT_40 = list(range(100, 140))  # 10 blocks of 4 tokens (the fake workers' block size)
+
+
+def test_n_choices_share_the_prompt_computed_once_and_count_it_once_in_usage():
+    async def body(client, ctx):
+        r = await client.post(
+            "/v1/completions",
+            json={"prompt": PROMPT_40, "n": 3, "max_tokens": 6, "temperature": 0},
+        )
+        await asyncio.sleep(0.05)
+        (session,) = ctx.engine.sessions.values()
+        return r, session.scheduler.stats(), dict(ctx.engine.requests)
+
+    r, stats, in_flight = run(body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2]
+    texts = {c["text"] for c in out["choices"]}
+    assert texts == {expected_text(PROMPT_40, 6)}  # greedy: the same text three times
+    assert out["usage"] == {"prompt_tokens": 40, "completion_tokens": 18, "total_tokens": 58}
+    # the first choice computes the 40 prompt tokens and its 5 fed-back outputs; each sibling
+    # finds 9 of the 10 prompt blocks in the cache (a hit is capped so that the last prompt
+    # token is computed) and computes only the last block's 4 tokens and its 5 outputs
+    assert stats.prefix_cache_hits == 2 * 36
+    assert stats.num_prefill_tokens + stats.num_decode_tokens == (40 + 5) + 2 * (4 + 5)
+    assert stats.num_free_blocks == 64 and not in_flight
+
+
+def test_n_streamed_chunks_carry_their_index_and_seeds_differ_per_choice():
+    async def body(client, ctx):
+        payload = {
+            "messages": [{"role": "user", "content": "hi"}],
+            "n": 2,
+            "max_tokens": 8,
+            "temperature": 1.0,
+            "seed": 7,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        return await client.post("/v1/chat/completions", json=payload)
+
+    r = run(body)
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    chunks = [e for e in events[:-1] if e["choices"]]
+    roles = [c["choices"][0]["index"] for c in chunks if c["choices"][0]["delta"].get("role")]
+    assert sorted(roles) == [0, 1]  # the role chunk of each choice
+    finished = [c["choices"][0]["index"] for c in chunks if c["choices"][0]["finish_reason"]]
+    assert sorted(finished) == [0, 1]
+    usage_chunk = events[-2]
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 16
+    texts = ["", ""]
+    for c in chunks:
+        texts[c["choices"][0]["index"]] += c["choices"][0]["delta"].get("content", "")
+    assert all(texts)
+
+
+def test_each_choice_has_its_own_seed_and_waits_for_the_first_prompt():
+    body = ChatCompletionRequest(
+        messages=[{"role": "user", "content": "hi"}], n=3, seed=7, temperature=1.0
+    )
+    intake = Intake(TOK, MODEL, {MODEL}, 512)
+    group = choices(intake, body, build_chat(intake, body))
+    assert [s.params.seed for s in group] == [7, 8, 9]
+    assert [s.prefill_after for s in group] == [None, group[0].request_id, group[0].request_id]
+    assert len({s.request_id for s in group}) == 3
+    assert len({id(s.detokenizer) for s in group}) == 3
+
+
+def test_best_of_returns_the_n_most_likely_choices():
+    async def body(client, ctx):
+        return await client.post(
+            "/v1/completions",
+            json={"prompt": PROMPT_40, "n": 1, "best_of": 3, "max_tokens": 4, "seed": 1},
+        )
+
+    r = run(body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert len(out["choices"]) == 1 and out["choices"][0]["index"] == 0
+    assert out["choices"][0]["logprobs"] is None  # asked for internally, not shown
+    assert out["usage"]["completion_tokens"] == 12  # every generated choice counts
