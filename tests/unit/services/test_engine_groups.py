@@ -78,3 +78,24 @@ def test_a_parked_sibling_dropped_by_its_client_is_forgotten():
         assert not engine._parked and not engine.requests and not engine.waiting
 
     asyncio.run(main())
+
+
+def test_preempting_group_members_leaks_no_shared_block():
+    async def main():
+        engine = make_engine()
+        # 3 choices of 16 prompt + 24 output tokens need 10 blocks each (3 of them shared):
+        # 16 blocks force preemptions
+        session = engine.attach(registration("w0", num_blocks=16), FakeWorker())
+        task = asyncio.create_task(run_session(engine, session))
+        states = group(3, max_tokens=24)
+        for s in states:
+            engine.submit(s)
+        results = await asyncio.gather(*(drain(s) for s in states))
+        assert [tokens for tokens, _ in results] == [reference(PROMPT, 24)] * 3
+        stats = session.scheduler.stats()
+        assert stats.num_preemptions > 0
+        assert stats.num_free_blocks == 16 and stats.num_used_blocks == 0
+        session.mark_lost("test over")
+        await task
+
+    asyncio.run(main())
