@@ -154,7 +154,7 @@ def run_up(args: argparse.Namespace) -> int:
     specs = child_specs(args, cfg, etcd_dir)
     # the control plane (etcd, schedulers, front-ends) before the compute: on a machine the
     # workers saturate, a starved scheduler would miss its lease keepalives and hand over
-    niced = {tuple(spec.argv) for spec in specs if spec.kind == "worker"}
+    niced = {tuple(spec.argv) for spec in specs if spec.role == "worker"}
     supervisor = Supervisor(
         sup_cfg,
         specs,

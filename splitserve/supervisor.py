@@ -54,7 +54,12 @@ class ChildSpec:
     name: str
     argv: list[str]
     critical: bool = False  # its death ends the group (a scheduler with no standby)
-    kind: str = "worker"  # worker | frontend | scheduler | etcd: the order they stop in
+    kind: str = ""  # worker | frontend | scheduler | etcd: the order they stop in
+
+    @property
+    def role(self) -> str:
+        """Its kind; unnamed, a critical child is the scheduler and the others are workers."""
+        return self.kind or ("scheduler" if self.critical else "worker")
 
 
 @dataclass(slots=True)
@@ -182,7 +187,7 @@ class Supervisor:
         child.restarts.append(now)
         child.restart_at = now + delay
         log.warning(
-            "worker_died" if child.spec.kind == "worker" else "child_died",
+            "worker_died" if child.spec.role == "worker" else "child_died",
             child=child.spec.name,
             uptime_s=uptime_s,
             **describe_exit(code),
@@ -217,7 +222,7 @@ class Supervisor:
             child.restart_at = None
         killed = self._stop_group(self._workers(), signal.SIGTERM, self.cfg.stop_timeout)
         for kind in ("frontend", "scheduler", "etcd"):
-            group = [c for c in self.children if c.spec.kind == kind]
+            group = [c for c in self.children if c.spec.role == kind]
             killed |= self._stop_group(group, signal.SIGINT, SCHEDULER_STOP_S)
         code = 1 if killed else 0
         log.info("stopped", exit_code=code)
@@ -255,4 +260,4 @@ class Supervisor:
         return killed
 
     def _workers(self) -> list[Child]:
-        return [c for c in self.children if c.spec.kind == "worker"]
+        return [c for c in self.children if c.spec.role == "worker"]

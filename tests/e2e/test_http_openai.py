@@ -81,7 +81,9 @@ def test_completion_streamed_with_usage_and_token_id_prompt(oai, model, grpc_gre
     assert usage.choices == [] and usage.usage.completion_tokens == MAX_TOKENS
     assert usage.usage.prompt_tokens == len(ids)
     text_chunks = chunks[:-1]
-    assert len(text_chunks) == MAX_TOKENS  # one chunk per token
+    # streamed: a chunk per token, unless the scheduler or this client fell behind (the
+    # adaptive --stream-interval and a lagging reader both merge tokens into fewer chunks)
+    assert 2 <= len(text_chunks) <= MAX_TOKENS
     assert "".join(c.choices[0].text for c in text_chunks) == expected.text
     assert text_chunks[-1].choices[0].finish_reason == "length"
 
