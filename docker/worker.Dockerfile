@@ -42,6 +42,7 @@ COPY pyproject.toml README.m[d] /src/
 COPY common /src/common
 COPY scheduler_svc /src/scheduler_svc
 COPY worker_svc /src/worker_svc
+COPY frontend_svc /src/frontend_svc
 COPY splitserve /src/splitserve
 COPY bench/serve /src/bench/serve
 RUN test -f /src/README.md || echo "# splitserve" > /src/README.md \
@@ -63,7 +64,10 @@ COPY --from=deps /opt/venv /opt/venv
 COPY --from=project /dist/ /tmp/dist/
 RUN python -m pip install --no-cache-dir --no-deps --no-index /tmp/dist/*.whl \
  && rm -rf /tmp/dist \
- && python -c "import worker_svc.main"
+ && python -c "import worker_svc.main, grpc_health.v1.health" \
+ && splitserve worker --help > /dev/null
+# the container probe (docker-compose.yml: --etcd-leader, --no-stopped-process)
+COPY docker/healthcheck.py /opt/venv/bin/splitserve-health
 USER 1000:1000
 WORKDIR /home/splitserve
 ENTRYPOINT ["splitserve"]
