@@ -20,6 +20,7 @@ import torch
 
 from common.messages import SchedulerOutput
 from common.model_source import resolve_model
+from common.tokenizer import load_tokenizer
 from worker_svc import attention, cpu_caps, decoder_loop, fused_ops, native_attention, quantization
 from worker_svc.compile import compile_model
 from worker_svc.config import GiB, ModelRunnerConfig
@@ -31,7 +32,8 @@ from worker_svc.input_batch import InputBatch
 from worker_svc.kv_cache import KVCache, bytes_per_block
 from worker_svc.model_loader import load_model, resolve_device, resolve_dtype
 from worker_svc.native_attention import PagedDecodeKernel
-from worker_svc.sampler import Sampler, TokenLogprobs
+from worker_svc.sampler import Sampler, SamplingMetadata, TokenLogprobs, token_masks
+from worker_svc.structured_output import StructuredOutputs
 
 log = logging.getLogger("splitserve.worker.model_runner")
 
@@ -125,6 +127,9 @@ class ModelRunner:
         )
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(generator, ops.argmax if ops is not None else None)
+        self.structured = StructuredOutputs(
+            lambda: load_tokenizer(self.source), self._vocab_size, self._eos_token_id
+        )
         log.info(
             "model %s loaded in %.1f s on %s/%s: %d KV blocks of %d, %d host blocks; kernels: %s",
             self.source.name,
@@ -212,6 +217,7 @@ class ModelRunner:
     def reset(self) -> None:
         """Forget every request (the link broke); the KV cache keeps what a leader adopts."""
         self.batch.clear()
+        self.structured.clear()
 
     def held_requests(self) -> list[tuple[str, list[int], int, int]]:
         """Per row of the batch: (request key, block ids, num computed tokens, num tokens)."""
@@ -243,8 +249,12 @@ class ModelRunner:
                 torch.cuda.synchronize(self.device)
             forwarded = time.perf_counter()
             sample_rows = inputs.rows[inputs.sample_mask]
-            sampled = self.sampler(logits, self.batch.sampling_metadata(sample_rows))
+            meta = self.batch.sampling_metadata(sample_rows)
+            sample_ids = self._constrain(inputs, meta) if self.structured.active else None
+            sampled = self.sampler(logits, meta)
             tokens = sampled.token_ids.tolist()
+            if sample_ids is not None:  # queues the next masks: they fill during the next forward
+                self.structured.advance(sample_ids, tokens)
         done = time.perf_counter()
 
         self.batch.num_computed[inputs.rows] += inputs.num_scheduled
@@ -263,10 +273,23 @@ class ModelRunner:
             k += 1
         return ModelRunnerOutput(out, logprobs, forwarded - started, done - forwarded)
 
+    def _constrain(self, inputs: _StepInputs, meta: SamplingMetadata) -> list[str]:
+        """Put the grammar masks of the constrained rows that sample into `meta`; returns the
+        ids of the requests that sample, in sampling order."""
+        samples = inputs.sample_mask.tolist()
+        sample_ids = [r for r, s in zip(inputs.req_ids, samples, strict=True) if s]
+        picked = self.structured.masks(sample_ids)
+        if picked is not None:
+            positions, masks = picked
+            meta.mask_rows = torch.tensor(positions, dtype=torch.int64, device=self.device)
+            meta.allowed = token_masks(masks, self._vocab_size, self.device)
+        return sample_ids
+
     def _update_states(self, so: SchedulerOutput) -> None:
-        batch = self.batch
+        batch, structured = self.batch, self.structured
         for req_id in so.finished_req_ids:
             batch.remove(req_id)
+            structured.remove(req_id)
         for req_id in so.preempted_req_ids:
             batch.preempt(req_id)
         for new in so.new_requests:
@@ -278,6 +301,7 @@ class ModelRunner:
                 new.block_ids,
                 new.num_computed_tokens,
             )
+            structured.add(new.request_id, new.sampling_params.structured, new.output_token_ids)
         for cached in so.cached_requests:
             if cached.resumed:
                 batch.resume(
@@ -286,6 +310,8 @@ class ModelRunner:
                     cached.num_computed_tokens,
                     cached.new_token_ids,
                 )
+                params = batch.states[cached.request_id].params
+                structured.add(cached.request_id, params.structured, cached.new_token_ids)
             else:
                 batch.append_blocks(cached.request_id, cached.new_block_ids)
                 batch.set_num_computed(cached.request_id, cached.num_computed_tokens)

@@ -1,17 +1,24 @@
 """Token sampling for a batch of rows, each with its own parameters (vLLM V1 semantics).
 
-Order: raw logprobs (if asked) -> penalties -> greedy argmax | temperature -> min-p -> top-k /
-top-p -> sample. Sampling is the exponential race `argmax(probs / q)`, q ~ Exp(1), which draws
-from `probs` exactly; a row with a seed draws its q from its own torch.Generator, so what it samples
-depends only on its logits and its seed, never on its batch neighbours. An all-greedy batch
-takes one argmax and nothing else.
+Order: raw logprobs (if asked) -> grammar masks -> penalties -> greedy argmax | temperature ->
+min-p -> top-k / top-p -> sample. Logprobs stay the model's raw distribution for every row, a
+constrained one included; the grammar mask (tokens it disallows at -inf) comes before everything
+that picks a token, so greedy and every sampling setting respect it.
+
+Sampling is the exponential race `argmax(probs / q)`, q ~ Exp(1), which draws from `probs`
+exactly; a row with a seed draws its q from its own torch.Generator, so what it samples depends
+only on its logits and its seed, never on its batch neighbours. An all-greedy batch takes one
+argmax and nothing else.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
+
+from worker_svc.structured_output import unpack
 
 
 @dataclass(slots=True)
@@ -42,6 +49,9 @@ class SamplingMetadata:
     prompt_mask: torch.Tensor | None = None  # [P, V] bool: token occurs in the prompt
     output_counts: torch.Tensor | None = None  # [P, V] float: occurrences in the output
     num_logprobs: list[int | None] | None = None  # per row top-n, None: row wants none
+    # structured output, for the rows in mask_rows only (worker_svc/structured_output.py)
+    mask_rows: torch.Tensor | None = None  # [C] int64, ascending
+    allowed: torch.Tensor | None = None  # [C, V] bool: the token is allowed next
 
 
 @dataclass(slots=True)
@@ -61,6 +71,7 @@ class Sampler:
             meta.all_greedy
             and meta.num_logprobs is None
             and meta.penalty_rows is None
+            and meta.allowed is None
             and self.fast_argmax is not None
         ):
             tokens = self.fast_argmax(logits)  # the same ids: float conversion keeps the order
@@ -70,6 +81,8 @@ class Sampler:
         raw_logprobs = None
         if meta.num_logprobs is not None:
             raw_logprobs = torch.log_softmax(logits, dim=-1)
+        if meta.allowed is not None:
+            apply_token_mask(logits, meta.mask_rows, meta.allowed)
         if meta.penalty_rows is not None:
             apply_penalties(logits, meta)
         if meta.all_greedy:
@@ -124,6 +137,32 @@ def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> None:
     sub -= meta.frequency.unsqueeze(1) * counts
     sub -= meta.presence.unsqueeze(1) * (counts > 0).to(sub.dtype)
     logits.index_copy_(0, rows, sub)
+
+
+def apply_token_mask(logits: torch.Tensor, rows: torch.Tensor, allowed: torch.Tensor) -> None:
+    """In place: on each of `rows`, the tokens its grammar does not allow get -inf."""
+    if len(rows) == len(logits):  # every row constrained (rows ascending: all of them, in order)
+        logits.masked_fill_(~allowed, float("-inf"))
+        return
+    sub = logits.index_select(0, rows)
+    sub.masked_fill_(~allowed, float("-inf"))
+    logits.index_copy_(0, rows, sub)
+
+
+def token_masks(masks: np.ndarray, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """Packed grammar masks (int32 [C, words], llguidance's bit order) as bool [C, vocab_size].
+    On the CPU numpy unpacks them; elsewhere the packed words travel (32 times fewer bytes)
+    and unpack on the device."""
+    if device.type == "cpu":
+        return torch.from_numpy(unpack(masks, vocab_size)).view(torch.bool)
+    words = torch.from_numpy(masks).to(device)
+    shifts = torch.arange(32, dtype=torch.int32, device=device)
+    bits = ((words.unsqueeze(-1) >> shifts) & 1).view(len(masks), -1).bool()
+    if bits.shape[1] >= vocab_size:
+        return bits[:, :vocab_size]
+    padded = torch.zeros(len(masks), vocab_size, dtype=torch.bool, device=device)
+    padded[:, : bits.shape[1]] = bits
+    return padded
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

@@ -2,15 +2,18 @@
 
 For scale benchmarks and mechanics tests. Its "model" is deterministic: the next token is a
 hash of the request's last tokens, so a run can be checked token for token against another
-run, whatever the batching, preemption or migration.
+run, whatever the batching, preemption or migration. A request with structured output takes the
+token its grammar allows that the same hash picks (worker_svc/structured_output.py, loaded at the
+first such request: the scheduler image, which also imports this module, has no numpy).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from common.messages import SchedulerOutput
+from common.messages import SchedulerOutput, StructuredOutput
 from common.model_source import resolve_model
 
 
@@ -27,10 +30,15 @@ class SimConfig:
     sim_vocab_size: int = _opt(49152, "simulated vocabulary size")
 
 
-def sim_next_token(history: list[int], vocab_size: int) -> int:
+def sim_next_token(
+    history: list[int], vocab_size: int, allowed: Sequence[int] | None = None
+) -> int:
+    """The simulated model's next token; one of `allowed` (ascending ids) when given."""
     h = 0x9E3779B1
     for tok in history[-6:]:
         h = ((h ^ tok) * 0x01000193) & 0xFFFFFFFF
+    if allowed is not None:
+        return int(allowed[h % len(allowed)])
     return 3 + h % (vocab_size - 3)  # never 0..2 (special tokens, EOS)
 
 
@@ -51,7 +59,8 @@ class SimRunner:
         max_model_len: int = 8192,
     ) -> None:
         self.sim = sim
-        self.model_name = resolve_model(model).name
+        self.source = resolve_model(model)
+        self.model_name = self.source.name
         self.block_size = block_size
         self.num_blocks = sim.sim_num_blocks
         self.num_host_blocks = 0
@@ -65,6 +74,18 @@ class SimRunner:
         self.tables: dict[str, list[int]] = {}  # block tables, for held_requests()
         self.computed: dict[str, int] = {}
         self.preempted: set[str] = set()  # no row while preempted (or swapped out)
+        self.constraints: dict[str, StructuredOutput] = {}
+        self.structured = None  # a StructuredOutputs from the first constrained request on
+
+    def _structured(self):
+        if self.structured is None:
+            from common.tokenizer import load_tokenizer
+            from worker_svc.structured_output import StructuredOutputs
+
+            self.structured = StructuredOutputs(
+                lambda: load_tokenizer(self.source), self.vocab_size, self.eos_token_id
+            )
+        return self.structured
 
     def reset(self) -> None:
         self.prompts.clear()
@@ -72,6 +93,9 @@ class SimRunner:
         self.tables.clear()
         self.computed.clear()
         self.preempted.clear()
+        self.constraints.clear()
+        if self.structured is not None:
+            self.structured.clear()
 
     def held_requests(self) -> list[tuple[str, list[int], int, int]]:
         """Per row: (request key, block ids, num computed tokens, num tokens)."""
@@ -90,6 +114,8 @@ class SimRunner:
             tables.pop(rid, None)
             computed.pop(rid, None)
             preempted.discard(rid)
+            if self.constraints.pop(rid, None) is not None:
+                self.structured.remove(rid)
         preempted.update(r for r in so.preempted_req_ids if r in self.tokens)
         for new in so.new_requests:
             rid = new.request_id
@@ -98,6 +124,12 @@ class SimRunner:
             computed[rid] = new.num_computed_tokens
             tables[rid] = list(new.block_ids)
             preempted.discard(rid)
+            structured = new.sampling_params.structured
+            was_constrained = self.constraints.pop(rid, None) is not None
+            if structured is not None:
+                self.constraints[rid] = structured
+            if structured is not None or was_constrained:
+                self._structured().add(rid, structured, new.output_token_ids)
         for cached in so.cached_requests:
             rid = cached.request_id
             computed[rid] = cached.num_computed_tokens
@@ -105,19 +137,26 @@ class SimRunner:
                 self.tokens[rid] = self.prompts[rid] + list(cached.new_token_ids)
                 tables[rid] = list(cached.new_block_ids)
                 preempted.discard(rid)
+                if rid in self.constraints:
+                    self.structured.add(rid, self.constraints[rid], cached.new_token_ids)
             elif cached.new_block_ids:
                 tables[rid].extend(cached.new_block_ids)
         sampled: dict[str, list[int]] = {}
-        vocab = self.vocab_size
+        sampling: list[str] = []
         for rid, n in so.num_scheduled_tokens.items():
-            seq = self.tokens[rid]
             c = computed[rid] = computed[rid] + n
-            if c >= len(seq):
-                tok = sim_next_token(seq, vocab)
-                seq.append(tok)
-                sampled[rid] = [tok]
-            else:
-                sampled[rid] = []
+            sampled[rid] = []
+            if c >= len(self.tokens[rid]):
+                sampling.append(rid)
+        allowed = self._allowed(sampling)
+        vocab = self.vocab_size
+        for rid in sampling:
+            seq = self.tokens[rid]
+            tok = sim_next_token(seq, vocab, allowed.get(rid))
+            seq.append(tok)
+            sampled[rid].append(tok)
+        if allowed:
+            self.structured.advance(sampling, [sampled[rid][0] for rid in sampling])
         if so.total_num_scheduled_tokens:
             modelled = (
                 self.sim.sim_step_base_ms / 1e3
@@ -127,3 +166,18 @@ class SimRunner:
             if remaining > 0:
                 time.sleep(remaining)
         return SimOutput(sampled, None, time.perf_counter() - started, 0.0)
+
+    def _allowed(self, sampling: list[str]) -> dict:
+        """Request id -> the token ids its grammar allows now, for the constrained ones."""
+        if self.structured is None or not self.structured.active:
+            return {}
+        from worker_svc.structured_output import allowed_token_ids
+
+        picked = self.structured.masks(sampling)
+        if picked is None:
+            return {}
+        positions, masks = picked
+        return {
+            sampling[i]: allowed_token_ids(mask, self.vocab_size)
+            for i, mask in zip(positions, masks, strict=True)
+        }
