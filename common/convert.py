@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.messages import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput
+from common.messages import (
+    CachedRequestData,
+    NewRequestData,
+    SamplingParams,
+    SchedulerOutput,
+    StructuredOutput,
+)
 from common.pb import sampling_pb2, worker_link_pb2
 
 DEFAULT_MAX_TOKENS = 16
@@ -26,6 +32,11 @@ def sampling_from_proto(pb: sampling_pb2.SamplingParams) -> tuple[SamplingParams
         stop_token_ids=list(pb.stop_token_ids),
         ignore_eos=pb.ignore_eos,
         logprobs=pb.logprobs if pb.HasField("logprobs") else None,
+        structured=(
+            StructuredOutput(pb.structured.kind, pb.structured.spec)
+            if pb.HasField("structured")
+            else None
+        ),
     )
     return params, list(pb.stop)
 
@@ -51,6 +62,9 @@ def sampling_to_proto(
         pb.seed = params.seed
     if params.logprobs is not None:
         pb.logprobs = params.logprobs
+    if params.structured is not None:
+        pb.structured.kind = params.structured.kind
+        pb.structured.spec = params.structured.spec
     return pb
 
 

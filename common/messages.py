@@ -12,6 +12,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
+@dataclass(slots=True, frozen=True)
+class StructuredOutput:
+    """A constraint on what may be generated (common/structured.py compiles it).
+
+    kind: json_schema (spec: the schema as JSON text), json_object (any JSON object; spec ""),
+    regex (spec: the pattern), choice (spec: a JSON list of strings), grammar (spec: a Lark or
+    GBNF grammar)."""
+
+    kind: str
+    spec: str = ""
+
+
 @dataclass(slots=True)
 class SamplingParams:
     max_tokens: int = 16
@@ -27,6 +39,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n logprobs per sampled token; None = off
+    structured: StructuredOutput | None = None  # the output must match it
 
     @property
     def greedy(self) -> bool:

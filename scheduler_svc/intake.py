@@ -6,6 +6,7 @@ import math
 import time
 import uuid
 
+from common import structured
 from common.convert import sampling_from_proto
 from common.pb import generation_pb2 as gen_pb
 from scheduler_svc.core import RequestRejected, validate_sampling_params
@@ -45,6 +46,26 @@ class Intake:
         self.aliases = aliases | {model_name}
         self.max_model_len = max_model_len
         self.vocab_size = tokenizer.vocab_size
+        self._ll_tokenizer = None  # llguidance's view of the tokenizer, on first use
+
+    def check_structured(self, params) -> None:
+        """A constraint must compile against this model's tokenizer (the reason otherwise),
+        and EOS must be able to end the request."""
+        if params.structured is None:
+            return
+        if params.ignore_eos:
+            raise RequestRejected(
+                "ignore_eos cannot be combined with structured output: EOS ends the output "
+                "once it is complete"
+            )
+        if self._ll_tokenizer is None:
+            self._ll_tokenizer = structured.ll_tokenizer(
+                self.tokenizer, self.tokenizer.eos_token_id
+            )
+        try:
+            structured.check(params.structured, self._ll_tokenizer)
+        except structured.InvalidConstraint as exc:
+            raise RequestRejected(str(exc)) from None
 
     def check_model(self, model: str) -> None:
         if model and model not in self.aliases:
@@ -123,6 +144,7 @@ class Intake:
             raise RequestRejected("the prompt is empty after tokenization")
         validate_sampling_params(params)
         check_service_limits(params)
+        self.check_structured(params)
         low, high = PRIORITY_RANGE
         if not low <= priority <= high:
             raise RequestRejected(f"priority {priority} is outside [{low}, {high}]")

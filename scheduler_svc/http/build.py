@@ -7,6 +7,7 @@ import uuid
 from dataclasses import replace
 
 from scheduler_svc.core import RequestRejected, SamplingParams, validate_sampling_params
+from scheduler_svc.http.constraints import constraint
 from scheduler_svc.http.errors import OpenAIError
 from scheduler_svc.http.protocol import ChatCompletionRequest, CompletionRequest, _SamplingBody
 from scheduler_svc.intake import (
@@ -94,8 +95,10 @@ def _state(
     max_tokens: int,
     logprobs: int | None,
     request_id: str,
+    response_format: dict | None = None,
 ) -> RequestState:
     params = _sampling(body, max_tokens, logprobs)
+    params.structured = constraint(body, response_format)
     intake.check_token_ids(params.stop_token_ids)
     return intake.make_state(
         request_id=body.request_id or request_id,
@@ -182,11 +185,6 @@ def build_chat(intake: Intake, body: ChatCompletionRequest) -> RequestState:
     _common_checks(body)
     if body.tools:
         raise OpenAIError(400, "tools (function calling) are not supported", "tools")
-    fmt = (body.response_format or {}).get("type", "text")
-    if fmt != "text":
-        raise OpenAIError(
-            400, f"response_format {fmt!r} is not supported; only text", "response_format"
-        )
     if body.top_logprobs is not None and not body.logprobs:
         raise OpenAIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -202,7 +200,15 @@ def build_chat(intake: Intake, body: ChatCompletionRequest) -> RequestState:
             max_tokens = body.max_tokens
         if max_tokens is None:  # as much as fits
             max_tokens = max(1, intake.max_model_len - len(prompt))
-        return _state(intake, body, prompt, max_tokens, logprobs, f"chatcmpl-{uuid.uuid4().hex}")
+        return _state(
+            intake,
+            body,
+            prompt,
+            max_tokens,
+            logprobs,
+            f"chatcmpl-{uuid.uuid4().hex}",
+            body.response_format,
+        )
     except RequestRejected as exc:
         raise OpenAIError(400, str(exc), None, "invalid_request") from exc
 

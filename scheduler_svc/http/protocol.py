@@ -47,6 +47,14 @@ class _SamplingBody(BaseModel):
     tenant: str | None = None
     deadline: float | None = None  # seconds from now; a scheduling hint
     request_id: str | None = None
+    # structured output, vLLM's fields: one of them (chat also takes response_format)
+    structured_outputs: dict[str, Any] | None = (
+        None  # {"json"|"regex"|"choice"|"grammar"|"json_object": ...}
+    )
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(_SamplingBody):
@@ -77,6 +85,6 @@ class ChatCompletionRequest(_SamplingBody):
     tools: list[dict[str, Any]] | None = None  # not supported: must be empty
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None  # only {"type": "text"}
+    response_format: dict[str, Any] | None = None  # text, json_object, json_schema
     store: bool | None = None
     metadata: dict[str, str] | None = None

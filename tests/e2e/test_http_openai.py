@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import time
 
 import httpx
@@ -167,6 +169,88 @@ def test_n_choices_and_best_of_with_the_official_client(oai, model, grpc_greedy)
     )
     assert [c.index for c in best.choices] == [0, 1]
     assert best.usage.completion_tokens == 4 * 6  # all four were generated
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "city": {"type": "string", "enum": ["Paris", "London", "Tokyo"]},
+        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
+    },
+    "required": ["name", "age", "city", "hobbies"],
+    "additionalProperties": False,
+}
+
+
+def valid_person(data) -> bool:
+    return (
+        isinstance(data, dict)
+        and set(data) == {"name", "age", "city", "hobbies"}
+        and isinstance(data["name"], str)
+        and len(data["name"]) <= 20
+        and isinstance(data["age"], int)
+        and 0 <= data["age"] <= 120
+        and data["city"] in ("Paris", "London", "Tokyo")
+        and isinstance(data["hobbies"], list)
+        and len(data["hobbies"]) <= 3
+        and all(isinstance(h, str) and len(h) <= 12 for h in data["hobbies"])
+    )
+
+
+def test_structured_output_holds_at_any_temperature(oai, model):
+    fmt = {
+        "type": "json_schema",
+        "json_schema": {"name": "person", "schema": PERSON, "strict": True},
+    }
+    for temperature, seed in ((0.0, None), (1.0, 1), (1.5, 2)):
+        r = oai.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Describe a person as JSON."}],
+            max_tokens=160,
+            temperature=temperature,
+            seed=seed,
+            response_format=fmt,
+        )
+        assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+        assert valid_person(json.loads(r.choices[0].message.content))
+    r = oai.completions.create(
+        model=model,
+        prompt="Call me at",
+        max_tokens=20,
+        temperature=1.0,
+        seed=3,
+        extra_body={"guided_regex": r" \d{3}-\d{4}"},
+    )
+    assert re.fullmatch(r" \d{3}-\d{4}", r.choices[0].text)
+    r = oai.completions.create(
+        model=model,
+        prompt=PROMPT,
+        max_tokens=10,
+        temperature=1.0,
+        extra_body={"guided_choice": [" Paris", " London", " Madrid"]},
+    )
+    assert r.choices[0].text in (" Paris", " London", " Madrid")
+    short = oai.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        max_tokens=4,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
+    assert short.choices[0].finish_reason == "length"
+    assert short.choices[0].message.content.startswith("{")
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.chat.completions.create(
+            model=model,
+            messages=MESSAGES,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": 7}},
+            },
+        )
+    assert "json_schema is not valid" in err.value.message
 
 
 def test_logprobs_on_chat(oai, model):

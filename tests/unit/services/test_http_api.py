@@ -488,3 +488,65 @@ def test_best_of_returns_the_n_most_likely_choices():
     assert len(out["choices"]) == 1 and out["choices"][0]["index"] == 0
     assert out["choices"][0]["logprobs"] is None  # asked for internally, not shown
     assert out["usage"]["completion_tokens"] == 12  # every generated choice counts
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize(
+    ("extra", "kind"),
+    [
+        ({"response_format": {"type": "json_object"}}, "json_object"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "p", "schema": SCHEMA},
+                }
+            },
+            "json_schema",
+        ),
+        ({"guided_regex": "[a-z]+"}, "regex"),
+        ({"guided_choice": ["yes", "no"]}, "choice"),
+        ({"guided_json": SCHEMA}, "json_schema"),
+        ({"structured_outputs": {"grammar": 'start: "a" | "b"'}}, "grammar"),
+        ({"response_format": {"type": "text"}}, None),
+    ],
+)
+def test_constraints_reach_the_sampling_params(extra, kind):
+    body = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], **extra)
+    state = build_chat(Intake(TOK, MODEL, {MODEL}, 512), body)
+    got = state.params.structured
+    assert (got.kind if got else None) == kind
+    if kind == "json_schema":
+        assert json.loads(got.spec) == SCHEMA
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 5}}}},
+            "type must be",
+        ),
+        ({"guided_regex": "(("}, "regex is not valid"),
+        ({"guided_choice": []}, "choice needs 1 to"),
+        ({"response_format": {"type": "yaml"}}, "not supported"),
+        ({"guided_regex": "a", "guided_choice": ["a"]}, "one output constraint"),
+        ({"structured_outputs": {"json": {}, "regex": "a"}}, "exactly one of"),
+        ({"guided_regex": "a", "ignore_eos": True}, "ignore_eos"),
+    ],
+)
+def test_a_bad_constraint_is_a_400_with_the_reason(extra, needle):
+    async def body(client, ctx):
+        payload = {"messages": [{"role": "user", "content": "hi"}], **extra}
+        return await client.post("/v1/chat/completions", json=payload), dict(ctx.engine.requests)
+
+    r, in_flight = run(body)
+    assert r.status_code == 400, r.text
+    assert needle in r.json()["error"]["message"] and not in_flight
