@@ -17,9 +17,12 @@ DIR="${1:-docker/wheelhouse}"
 PY="${PYTHON:-python3}"
 mkdir -p "$DIR"
 
-PLATFORM_ARGS=(--only-binary=:all: --implementation cp --python-version 311 --abi cp311 --abi abi3 --abi none
-               --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
-               --platform manylinux2014_x86_64 --platform any)
+# Every manylinux level up to glibc 2.36: the images' base is Debian bookworm (python:3.11-slim,
+# or docker/build-base-image.sh's), whose glibc is 2.36 (llguidance, for one, ships 2_31 only).
+PLATFORMS=(manylinux2014_x86_64 any)
+for minor in $(seq 17 36); do PLATFORMS+=("manylinux_2_${minor}_x86_64"); done
+PLATFORM_ARGS=(--only-binary=:all: --implementation cp --python-version 311 --abi cp311 --abi abi3 --abi none)
+for platform in "${PLATFORMS[@]}"; do PLATFORM_ARGS+=(--platform "$platform"); done
 
 mapfile -t REQS < <("$PY" docker/project-deps.py pyproject.toml worker)
 for req in "${REQS[@]}"; do
