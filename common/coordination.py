@@ -263,6 +263,13 @@ class Leadership:
             await client.revoke_lease(self._lease_id)
         except TRANSIENT as exc:
             log.warning("resign_incomplete", epoch=self.epoch, error=str(exc))
+        except asyncio.CancelledError:
+            # the call, not this task, was cancelled: lead() closed the client once the
+            # leadership it watches ended (by this very resign); the lease expires by itself
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            log.warning("resign_incomplete", epoch=self.epoch, error="client closed")
 
     async def _stop(self, reason: str) -> None:
         self._set_lost(reason)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -185,7 +186,22 @@ BAD_INPUTS = [
     (dict(prompt="hi", top_k=-1), "top_k"),
     (dict(prompt="hi", model="gpt-17"), "unknown model"),
     (dict(token_ids=[1, 2, 10**9]), "vocabulary"),
+    (dict(prompt="hi", structured={"kind": "regex", "spec": "(("}), "regex is not valid"),
+    (dict(prompt="hi", structured={"kind": "yaml"}), "unknown structured output kind"),
 ]
+
+
+def test_structured_output_over_grpc(client):
+    result = client.generate(
+        "A phone number:",
+        max_tokens=16,
+        temperature=1.0,
+        seed=11,
+        structured={"kind": "regex", "spec": r" \(\d{3}\) \d{3}-\d{4}"},
+    )
+    assert re.fullmatch(r" \(\d{3}\) \d{3}-\d{4}", result.text), result.text
+    assert result.finish_reason == "stop"
+    assert_no_block_leak(client)
 
 
 @pytest.mark.parametrize(
