@@ -19,7 +19,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common.client import SplitserveClient  # noqa: E402
+from tests.e2e.ha_cluster import ha_up_argv, wait_ha_ready  # noqa: E402
 from tests.e2e.procs import free_port  # noqa: E402
 
 
@@ -42,32 +42,6 @@ class Stream:
     @property
     def max_gap(self) -> float:
         return max((b - a for a, b in zip(self.times, self.times[1:], strict=False)), default=0.0)
-
-
-def cluster(http_port: int) -> dict | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/cluster", timeout=2) as r:
-            return json.loads(r.read())
-    except Exception:  # noqa: BLE001 - not ready
-        return None
-
-
-def wait_ready(http_port: int, popen, min_epoch: int = 1, timeout: float = 300) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if popen.poll() is not None:
-            raise SystemExit("splitserve up exited; see its log")
-        body = cluster(http_port)
-        if (
-            body
-            and body["epoch"] >= min_epoch
-            and len(body["schedulers"]) == 2
-            and sum(w["state"] == "active" for w in body["workers"]) == 2
-            and len(body["frontends"]) == 2
-        ):
-            return body
-        time.sleep(0.3)
-    raise TimeoutError("the cluster did not come up")
 
 
 def run_streams(port: int, n: int, max_tokens: int, kill_after_s: float | None, kill) -> list:
@@ -117,46 +91,21 @@ def main() -> int:
     rng = random.Random(args.seed)
     port, http_port = free_port(), free_port()
     log_path = Path(tempfile.mkdtemp(prefix="bench-failover-")) / "up.log"
-    argv = [
-        sys.executable,
-        "-m",
-        "splitserve.cli",
-        "up",
-        "--workers",
-        "2",
-        "--schedulers",
-        "2",
-        "--frontends",
-        "2",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--http-port",
-        str(http_port),
-        "--worker-port",
-        str(free_port()),
-        "--etcd-port",
-        str(free_port()),
-        "--max-num-seqs",
-        "64",
-        "--log-level",
-        "warning",
-        "--worker-arg=--num-gpu-blocks=512",
-        "--lease-ttl",
-        str(args.lease_ttl),
-        "--max-restarts",  # every run kills a scheduler: restart it each time, at once
-        "1000",
-        "--restart-backoff",
-        "0.2",
-    ]
+    argv = ha_up_argv(
+        port,
+        http_port,
+        *("--max-num-seqs", "64", "--log-level", "warning", "--worker-arg=--num-gpu-blocks=512"),
+        *("--lease-ttl", str(args.lease_ttl)),
+        # every run kills a scheduler: restart it each time, at once
+        *("--max-restarts", "1000", "--restart-backoff", "0.2"),
+    )
     if args.simulate:
         argv += ["--worker-arg=--simulate", "--worker-arg=--sim-step-base-ms=20"]
     with open(log_path, "wb") as log:
         popen = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     rows = []
     try:
-        body = wait_ready(http_port, popen)
+        body = wait_ha_ready(http_port, popen, log_path)
         started = time.monotonic()
         baseline = run_streams(port, args.streams, args.max_tokens, None, None)
         duration = time.monotonic() - started
@@ -166,7 +115,7 @@ def main() -> int:
             kill_at = rng.uniform(0.2, 0.8) * duration
             victim = psutil.Process(leader["pid"])
             streams = run_streams(port, args.streams, args.max_tokens, kill_at, victim.kill)
-            body = wait_ready(http_port, popen, min_epoch=leader["epoch"] + 1)
+            body = wait_ha_ready(http_port, popen, log_path, min_epoch=leader["epoch"] + 1)
             lost = dup = failed = 0
             for got, want in zip(streams, baseline, strict=True):
                 failed += bool(got.error)
@@ -195,7 +144,7 @@ def main() -> int:
                     "total_tokens": sum(len(s.token_ids) for s in baseline),
                 }
             )
-    except (TimeoutError, AssertionError, StopIteration) as exc:
+    except (TimeoutError, RuntimeError, AssertionError, StopIteration) as exc:
         print(f"stopped after {len(rows)} runs: {exc!r} (log: {log_path})", file=sys.stderr)
     finally:
         popen.send_signal(signal.SIGINT)

@@ -30,10 +30,10 @@ class FixedLeader:
         self.address = address
 
     async def start(self) -> None:
-        pass
+        """Nothing to watch: the address is fixed."""
 
     async def stop(self) -> None:
-        pass
+        """Nothing was started."""
 
     async def next_leader(self, min_epoch: int, timeout: float | None) -> tuple[str, int] | None:
         return self.address, 0

@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from common.client import FINISH_NAMES
 from common.convert import TokenLogprobs, sampling_to_proto
 from common.logging import get_logger
 from common.pb import frontend_link_pb2 as pb
@@ -31,7 +32,6 @@ from frontend_svc.observer import FrontendObserver
 
 log = get_logger("splitserve.frontend")
 
-FINISH_NAMES = {1: "stop", 2: "length", 3: "abort", 4: "error"}
 HELLO_ACK_TIMEOUT_S = 10.0
 
 

@@ -114,10 +114,8 @@ class ServingEngine:
         clients already have: no admission checks (they were admitted once). During a takeover
         they wait for the rebuild; otherwise each continues on the KV its worker still holds
         or goes back to the head of the queue. Returns how many continue without recompute."""
-        for state in states:
-            old = self.requests.get(state.request_id)
-            if old is not None:  # the same request over an older link of this front-end
-                self.drop(state.request_id)
+        for state in states:  # the same request over an older link of this front-end
+            self.drop(state.request_id)
         if self.rebuilding:
             self._resumed.extend(states)
             return 0
@@ -545,7 +543,7 @@ class ServingEngine:
                 )
             if new_ids:
                 delivered.append((state, len(new_ids)))
-                if request_id in self._parked:  # its prompt is computed: the siblings go
+                if self._parked and request_id in self._parked:  # prompt done: siblings go
                     self._unpark(request_id)
             if stopped_by_string:
                 session.scheduler.abort_request(request_id)

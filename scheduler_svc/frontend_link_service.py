@@ -22,20 +22,13 @@ from scheduler_svc.admission import error_code
 from scheduler_svc.cluster_view import SchedulerRole, cluster_status
 from scheduler_svc.core import FinishReason, RequestRejected
 from scheduler_svc.engine import ServingEngine
+from scheduler_svc.generation_service import FINISH_TO_PB
 from scheduler_svc.policy_control import PriorityChangeError, set_priority
 from scheduler_svc.remote_request import RemoteRequest, remote_request
 
 log = get_logger("splitserve.frontend_link")
 HELLO_TIMEOUT_S = 30.0
 STATUS_INTERVAL_S = 1.0
-
-FINISH_TO_PB = {
-    None: 0,
-    FinishReason.STOP: 1,
-    FinishReason.LENGTH: 2,
-    FinishReason.ABORT: 3,
-    FinishReason.ERROR: 4,
-}
 
 
 class FrontendSession:
@@ -77,7 +70,7 @@ class FrontendSession:
             request_id=request_id,
             start=start,
             token_ids=token_ids,
-            finish_reason=FINISH_TO_PB[finish_reason],  # type: ignore[arg-type]
+            finish_reason=FINISH_TO_PB[finish_reason],
             stop_reason=stop_reason,
             error=error,
             error_code=error_code,

@@ -7,11 +7,11 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import sys
 import tempfile
 import threading
 
+from common.etcd_server import free_port
 from common.logging import configure_logging
 from common.settings import dataclass_from_args, to_argv
 from splitserve.supervisor import ChildSpec, Supervisor, SupervisorConfig, spawn_process
@@ -116,12 +116,6 @@ def _replace(argv: list[str], flag: str, value: str) -> list[str]:
     out = list(argv)
     out[out.index(flag) + 1] = value
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def check_supervisor_config(cfg: SupervisorConfig) -> None:

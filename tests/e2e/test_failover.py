@@ -10,10 +10,8 @@ import contextlib
 import json
 import signal
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import psutil
 import pytest
 
 from common.client import SplitserveClient
+from tests.e2e.ha_cluster import cluster_body, ha_up_argv, wait_ha_ready
 from tests.e2e.procs import ROOT, free_port
 
 pytestmark = [pytest.mark.e2e]
@@ -53,13 +52,7 @@ class HA:
     log_path: Path
 
     def cluster(self) -> dict | None:
-        try:
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.http_port}/cluster", timeout=2
-            ) as r:
-                return json.loads(r.read())
-        except Exception:  # noqa: BLE001 - not up (or no leader) yet
-            return None
+        return cluster_body(self.http_port)
 
     def leader(self) -> dict | None:
         body = self.cluster() or {}
@@ -73,20 +66,7 @@ class HA:
         raise LookupError(marker)
 
     def wait_ready(self, timeout: float = 300.0, min_epoch: int = 1) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.popen.poll() is None, self.log_path.read_text()[-5000:]
-            body = self.cluster()
-            if (
-                body
-                and body["epoch"] >= min_epoch
-                and sum(w["state"] == "active" for w in body["workers"]) == 2
-                and len(body["frontends"]) == 2
-                and len(body["schedulers"]) == 2
-            ):
-                return body
-            time.sleep(0.5)
-        raise TimeoutError(self.log_path.read_text()[-8000:])
+        return wait_ha_ready(self.http_port, self.popen, self.log_path, min_epoch, timeout)
 
     def run_streams(self, disturb=None, min_tokens_before: int = 150) -> list[StreamResult]:
         """NUM_STREAMS streams at once, each on its own channel (so both front-ends get
@@ -131,37 +111,14 @@ def ha(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ha")
     port, http_port = free_port(), free_port()
     log_path = tmp / "up.log"
-    argv = [
-        sys.executable,
-        "-m",
-        "splitserve.cli",
-        "up",
-        "--workers",
-        "2",
-        "--schedulers",
-        "2",
-        "--frontends",
-        "2",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--http-port",
-        str(http_port),
-        "--worker-port",
-        str(free_port()),
-        "--etcd-port",
-        str(free_port()),
-        "--max-model-len",
-        "1024",
-        "--max-num-seqs",
-        "32",
-        "--max-num-batched-tokens",
-        "256",
-        "--worker-arg=--num-gpu-blocks=320",
-        "--restart-backoff",
-        "0.2",
-    ]
+    argv = ha_up_argv(
+        port,
+        http_port,
+        *("--max-model-len", "1024", "--max-num-seqs", "32", "--max-num-batched-tokens", "256"),
+        *("--worker-arg=--num-gpu-blocks=320", "--restart-backoff", "0.2"),
+        # workers loading weights on 2 cores can starve a 2 s lease's keepalives at start
+        *("--lease-ttl", "3"),
+    )
     with open(log_path, "wb") as log:
         popen = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     cluster = HA(popen, port, http_port, log_path)
