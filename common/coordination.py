@@ -17,7 +17,7 @@ import math
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import aetcd
@@ -51,13 +51,15 @@ class LeaderInfo:
     epoch: int  # the leader key's create_revision: strictly increasing across leaders
     member_id: str
     info: dict
+    # the lease the key lives under (revoking it deposes that leader); not part of equality
+    lease_id: int = field(default=0, compare=False)
 
 
 def _leader_info(kv: aetcd.KeyValue | None) -> LeaderInfo | None:
     if kv is None:
         return None
     value = json.loads(kv.value)
-    return LeaderInfo(kv.create_revision, value["member_id"], value["info"])
+    return LeaderInfo(kv.create_revision, value["member_id"], value["info"], kv.lease)
 
 
 async def cancel_and_wait(tasks: list[asyncio.Task[None]]) -> None:
@@ -132,6 +134,13 @@ class Coordinator:
     async def leader(self) -> LeaderInfo | None:
         kv, _ = await self._read_leader()
         return _leader_info(kv)
+
+    async def depose(self, leader: LeaderInfo) -> None:
+        """Revokes that leader's lease, which deletes its key: for a member that knows the
+        leader's process is gone, so the next one need not wait out the TTL. Safe against a
+        live leader too: it loses the role and stops acting, as on any lease loss."""
+        log.warning("leader_deposed", member_id=leader.member_id, epoch=leader.epoch)
+        await self._revoke(leader.lease_id, retry_for=self.lease_ttl)
 
     async def watch_leader(self) -> AsyncIterator[LeaderInfo | None]:
         """The current leader first, then each change (None: no leader). An etcd outage is

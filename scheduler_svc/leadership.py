@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from common.coordination import Coordinator, Leadership
+from common.coordination import Coordinator, Leadership, cancel_and_wait
 from common.logging import get_logger
 from scheduler_svc.cluster_view import SchedulerRole
+from scheduler_svc.leader_probe import depose_dead_leaders
 
 if TYPE_CHECKING:
     from scheduler_svc.config import SchedulerServiceConfig
@@ -73,7 +74,11 @@ async def lead(
     standbys = asyncio.create_task(_follow_schedulers(coord, role))
     try:
         log.info("standby", scheduler_id=role.scheduler_id, etcd=cfg.etcd)
-        leadership = await coord.campaign(role.scheduler_id, info)
+        probe = asyncio.create_task(depose_dead_leaders(coord, role.scheduler_id))
+        try:
+            leadership = await coord.campaign(role.scheduler_id, info)
+        finally:
+            await cancel_and_wait([probe])
         await _take_over(cfg, engine, role, coord, leadership)
         await _publish_while_leading(engine, role, coord, leadership)
     finally:

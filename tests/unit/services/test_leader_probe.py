@@ -1,0 +1,112 @@
+"""A standby deposes a leader whose process is gone without waiting out its lease, and leaves a
+frozen one to the lease (scheduler_svc/leader_probe.py against a real etcd)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from common.coordination import Coordinator, cancel_and_wait
+from common.etcd_server import EtcdServer
+from scheduler_svc.leader_probe import depose_dead_leaders
+from tests.unit.services.test_coordination import _read_line
+
+ROOT = Path(__file__).resolve().parents[3]
+# far longer than the test runs: a takeover inside it can only come from the probe
+LONG_TTL = 60.0
+
+# a leader in its own process: it listens on a port it names as its worker_address, as a
+# scheduler does, and leads until it is killed
+LEADER = """
+import asyncio, json, sys
+from common.coordination import Coordinator
+from common.logging import configure_logging
+
+async def main():
+    configure_logging("warning")
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    coord = Coordinator(sys.argv[1], sys.argv[2], lease_ttl=float(sys.argv[3]))
+    await coord.connect()
+    leadership = await coord.campaign("old", {"worker_address": f"127.0.0.1:{port}"})
+    print(json.dumps({"epoch": leadership.epoch}), flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+@pytest.fixture(scope="module")
+def etcd() -> Iterator[EtcdServer]:
+    server = EtcdServer(unsafe_no_fsync=True)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_standby_deposes_a_killed_leader_and_not_a_frozen_one(etcd):
+    cluster = f"test-{uuid.uuid4().hex[:8]}"
+    child = subprocess.Popen(
+        [sys.executable, "-c", LEADER, etcd.endpoint, cluster, str(LONG_TTL)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        old_epoch = json.loads(_read_line(child, 15))["epoch"]
+
+        async def scenario() -> None:
+            standby = Coordinator(etcd.endpoint, cluster, lease_ttl=LONG_TTL)
+            await standby.connect()
+            probe = asyncio.create_task(depose_dead_leaders(standby, "new"))
+            campaign = asyncio.create_task(standby.campaign("new", {}))
+            try:
+                # frozen: its sockets stay open, so only its (long) lease could end it
+                os.kill(child.pid, signal.SIGSTOP)
+                await asyncio.sleep(2.0)
+                assert not campaign.done()
+                assert (await standby.leader()).epoch == old_epoch
+                # killed: its port closes and refuses, so the standby revokes its lease
+                os.kill(child.pid, signal.SIGKILL)
+                leadership = await asyncio.wait_for(campaign, 20)
+                assert leadership.epoch > old_epoch and leadership.valid()
+                assert (await standby.leader()).member_id == "new"
+                await leadership.resign()
+            finally:
+                await cancel_and_wait([probe, campaign])
+                await standby.close()
+
+        asyncio.run(asyncio.wait_for(scenario(), 40))
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+
+
+def test_a_leader_that_names_no_address_is_left_to_its_lease(etcd):
+    async def scenario() -> None:
+        cluster = f"test-{uuid.uuid4().hex[:8]}"
+        leader, standby = (Coordinator(etcd.endpoint, cluster, lease_ttl=LONG_TTL) for _ in "ab")
+        await leader.connect()
+        await standby.connect()
+        leading = await leader.campaign("old", {})
+        probe = asyncio.create_task(depose_dead_leaders(standby, "new"))
+        await asyncio.sleep(0.5)
+        assert not probe.done() and leading.valid()
+        assert (await standby.leader()).epoch == leading.epoch
+        await cancel_and_wait([probe])
+        await leading.resign()
+        await leader.close()
+        await standby.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
