@@ -57,6 +57,7 @@ def build_request(
     priority: int = 0,
     tenant: str = "",
     deadline_s: float = 0.0,
+    n: int = 0,
     **sampling,
 ) -> pb.GenerateRequest:
     unknown = set(sampling) - _SAMPLING_FIELDS
@@ -68,6 +69,7 @@ def build_request(
         priority=priority,
         tenant=tenant,
         deadline_s=deadline_s,
+        n=n,
         sampling=sampling_pb2.SamplingParams(
             **{k: v for k, v in sampling.items() if v is not None}
         ),
@@ -124,13 +126,24 @@ class SplitserveClient:
         finally:
             call.cancel()
 
-    def generate(self, prompt: str | None = None, **kwargs) -> GenerationResult:
-        result = GenerationResult(request_id="", text="", token_ids=[], finish_reason=None)
-        texts = []
-        for msg in self.stream(prompt, **kwargs):
+    def generate(self, prompt: str | None = None, n: int = 1, **kwargs) -> GenerationResult:
+        """The first (for n = 1, the only) sample."""
+        return self.generate_choices(prompt, n=n, **kwargs)[0]
+
+    def generate_choices(
+        self, prompt: str | None = None, n: int = 2, **kwargs
+    ) -> list[GenerationResult]:
+        """n samples of one prompt (computed once), in index order."""
+        results = [
+            GenerationResult(request_id="", text="", token_ids=[], finish_reason=None)
+            for _ in range(n)
+        ]
+        texts: list[list[str]] = [[] for _ in range(n)]
+        for msg in self.stream(prompt, n=n, **kwargs):
+            result = results[msg.index]
             result.request_id = msg.request_id
             result.token_ids.extend(msg.token_ids)
-            texts.append(msg.text)
+            texts[msg.index].append(msg.text)
             result.prompt_tokens = msg.prompt_tokens
             result.completion_tokens = msg.completion_tokens
             if msg.worker_id and (not result.worker_ids or result.worker_ids[-1] != msg.worker_id):
@@ -139,8 +152,9 @@ class SplitserveClient:
                 result.finish_reason = FINISH_NAMES[msg.finish_reason]
                 result.stop_reason = msg.stop_reason
                 result.error = msg.error
-        result.text = "".join(texts)
-        return result
+        for result, parts in zip(results, texts, strict=True):
+            result.text = "".join(parts)
+        return results
 
     def abort(self, request_id: str) -> None:
         self.stub.Abort(

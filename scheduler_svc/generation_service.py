@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+
 import grpc
 
 from common.logging import get_logger
@@ -12,7 +15,7 @@ from scheduler_svc.core import FinishReason, RequestRejected
 from scheduler_svc.engine import ServingEngine
 from scheduler_svc.intake import Intake
 from scheduler_svc.policy_control import PriorityChangeError
-from scheduler_svc.request_state import StreamDelta
+from scheduler_svc.request_state import RequestState, StreamDelta
 
 log = get_logger("splitserve.generation")
 
@@ -44,16 +47,49 @@ def delta_to_proto(request_id: str, prompt_tokens: int, delta: StreamDelta) -> p
     return msg
 
 
+async def _one(state: RequestState) -> AsyncIterator[tuple[int, StreamDelta]]:
+    queue = state.queue
+    while True:
+        delta = queue.take_merged(await queue.get())
+        yield 0, delta
+        if delta.finish_reason is not None or delta.error_code:
+            return
+
+
+async def _interleaved(states: list[RequestState]) -> AsyncIterator[tuple[int, StreamDelta]]:
+    """Each sample's deltas as they come, tagged with its index, until every sample ended."""
+    waiting = {asyncio.ensure_future(s.queue.get()): i for i, s in enumerate(states)}
+    try:
+        while waiting:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for future in sorted(done, key=waiting.__getitem__):
+                index = waiting.pop(future)
+                delta = states[index].queue.take_merged(future.result())
+                yield index, delta
+                if delta.error_code:
+                    return
+                if delta.finish_reason is None:
+                    waiting[asyncio.ensure_future(states[index].queue.get())] = index
+    finally:
+        for future in waiting:
+            future.cancel()
+
+
 class GenerationService(pb_grpc.GenerationServicer):
     def __init__(self, engine: ServingEngine, intake: Intake) -> None:
         self.engine = engine
         self.intake = intake
+        self._groups: dict[str, list[str]] = {}  # n > 1 in flight: the first id -> all ids
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):  # noqa: N802
+        submitted: list[RequestState] = []
         try:
-            state = self.intake.build(request)
-            self.engine.submit(state)
+            for state in self.intake.build_group(request):
+                self.engine.submit(state)
+                submitted.append(state)
         except RequestRejected as exc:
+            for state in submitted:  # a group is accepted whole or not at all
+                self.engine.drop(state.request_id)
             code = error_code(exc)
             self.engine.observer.on_request_rejected(
                 "overloaded" if code == "RESOURCE_EXHAUSTED" else "invalid"
@@ -62,44 +98,51 @@ class GenerationService(pb_grpc.GenerationServicer):
             if retry_after is not None:
                 context.set_trailing_metadata((("retry-after", f"{retry_after:.1f}"),))
             await context.abort(getattr(grpc.StatusCode, code), str(exc))
-        request_id = state.request_id
-        prompt_tokens = len(state.prompt_token_ids)
+        first = submitted[0]
+        request_id = first.request_id
+        prompt_tokens = len(first.prompt_token_ids)
         log.info(
             "request_accepted",
             request_id=request_id,
             prompt_tokens=prompt_tokens,
-            max_tokens=state.params.max_tokens,
-            worker_id=state.worker_id,
+            max_tokens=first.params.max_tokens,
+            samples=len(submitted),
+            worker_id=first.worker_id,
         )
         if request.echo_prompt_token_ids:
             yield pb.GenerateResponse(
                 request_id=request_id,
-                prompt_token_ids=state.prompt_token_ids,
+                prompt_token_ids=first.prompt_token_ids,
                 prompt_tokens=prompt_tokens,
             )
+        if len(submitted) > 1:
+            self._groups[request_id] = [s.request_id for s in submitted]
         try:
-            while True:
-                queue = state.queue
-                delta: StreamDelta = queue.take_merged(await queue.get())
+            deltas = _one(first) if len(submitted) == 1 else _interleaved(submitted)
+            async for index, delta in deltas:
                 if delta.error_code:
                     await context.abort(getattr(grpc.StatusCode, delta.error_code), delta.error)
-                yield delta_to_proto(request_id, prompt_tokens, delta)
+                msg = delta_to_proto(request_id, prompt_tokens, delta)
+                msg.index = index
+                yield msg
                 if delta.finish_reason is not None:
                     log.info(
                         "request_finished",
-                        request_id=request_id,
+                        request_id=submitted[index].request_id,
                         finish_reason=str(delta.finish_reason),
                         output_tokens=delta.num_output_tokens,
                         worker_id=delta.worker_id,
                     )
-                    return
         finally:
-            if not state.finished:  # client cancelled or disconnected
-                log.info("request_cancelled", request_id=request_id)
-                self.engine.drop(request_id)
+            self._groups.pop(request_id, None)
+            for state in submitted:
+                if not state.finished:  # client cancelled or disconnected
+                    log.info("request_cancelled", request_id=state.request_id)
+                    self.engine.drop(state.request_id)
 
     async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext):  # noqa: N802
-        if not self.engine.abort(request.request_id):
+        ids = self._groups.get(request.request_id, [request.request_id])
+        if not [request_id for request_id in ids if self.engine.abort(request_id)]:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND, f"no request {request.request_id!r} is in flight"
             )

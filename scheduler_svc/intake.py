@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from dataclasses import replace
 
 from common import structured
 from common.convert import sampling_from_proto
@@ -19,6 +20,7 @@ MAX_REQUEST_ID_LEN = 256
 MAX_TENANT_LEN = 128
 PRIORITY_RANGE = (-1_000_000, 1_000_000)  # lower = more important
 MAX_LOGPROBS = 20
+MAX_CHOICES = 16  # n and best_of
 PENALTY_RANGE = (-2.0, 2.0)  # presence and frequency penalties, as OpenAI's API
 
 
@@ -86,7 +88,8 @@ class Intake:
             return self.render_chat(messages)
         raise RequestRejected("the prompt is empty; send text, token_ids or chat messages")
 
-    def render_chat(self, messages: list[dict]) -> list[int]:
+    def render_chat(self, messages: list[dict], **template_context) -> list[int]:
+        """`template_context`: more template variables (`tools`, as transformers passes them)."""
         if not messages:
             raise RequestRejected("the chat has no messages")
         for m in messages:
@@ -94,7 +97,7 @@ class Intake:
                 raise RequestRejected(
                     f"unknown chat role {m.get('role')!r}; use system, user or assistant"
                 )
-        return self.tokenizer.apply_chat_template(messages)
+        return self.tokenizer.apply_chat_template(messages, **template_context)
 
     def check_token_ids(self, ids: list[int]) -> list[int]:
         for tok in ids:
@@ -128,6 +131,47 @@ class Intake:
             deadline_s=request.deadline_s,
             skip_special_tokens=not request.include_special_tokens,
         )
+
+    def build_group(self, request: gen_pb.GenerateRequest) -> list[RequestState]:
+        """The request's n samples (see siblings); one state for n = 0 or 1."""
+        if request.n > MAX_CHOICES:
+            raise RequestRejected(f"n must be in [1, {MAX_CHOICES}]; got {request.n}")
+        first = self.build(request)
+        _, stop = sampling_from_proto(request.sampling)
+        return [first] + self.siblings(
+            first, max(1, request.n), stop, request.deadline_s, not request.include_special_tokens
+        )
+
+    def siblings(
+        self,
+        first: RequestState,
+        count: int,
+        stop: list[str],
+        deadline_s: float = 0.0,
+        skip_special_tokens: bool = True,
+    ) -> list[RequestState]:
+        """The other count - 1 samples of `first`'s prompt, ids `{first}-{i}`. Each has its own
+        seed stream (seed + i) and waits for the first one's prompt to be computed (and cached),
+        so the prompt's KV blocks are computed once and shared through the prefix cache; only
+        the partial last block is computed again per sample."""
+        group = []
+        for i in range(1, count):
+            params = first.params
+            if params.seed is not None:
+                params = replace(params, seed=params.seed + i)
+            sibling = self.make_state(
+                request_id=f"{first.request_id}-{i}",
+                prompt=first.prompt_token_ids,
+                params=params,
+                stop=stop,
+                priority=first.priority,
+                tenant=first.tenant,
+                deadline_s=deadline_s,
+                skip_special_tokens=skip_special_tokens,
+            )
+            sibling.prefill_after = first.request_id
+            group.append(sibling)
+        return group
 
     def make_state(
         self,

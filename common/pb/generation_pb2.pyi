@@ -42,7 +42,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "chat", "sampling", "model", "priority", "tenant", "deadline_s", "include_special_tokens", "echo_prompt_token_ids")
+    __slots__ = ("request_id", "text", "token_ids", "chat", "sampling", "model", "priority", "tenant", "deadline_s", "include_special_tokens", "echo_prompt_token_ids", "n")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class GenerateRequest(_message.Message):
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ECHO_PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -65,7 +66,8 @@ class GenerateRequest(_message.Message):
     deadline_s: float
     include_special_tokens: bool
     echo_prompt_token_ids: bool
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., model: _Optional[str] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., deadline_s: _Optional[float] = ..., include_special_tokens: _Optional[bool] = ..., echo_prompt_token_ids: _Optional[bool] = ...) -> None: ...
+    n: int
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., model: _Optional[str] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., deadline_s: _Optional[float] = ..., include_special_tokens: _Optional[bool] = ..., echo_prompt_token_ids: _Optional[bool] = ..., n: _Optional[int] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("token_id", "logprob")
@@ -86,7 +88,7 @@ class TokenLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "token_ids", "text", "finish_reason", "stop_reason", "prompt_tokens", "completion_tokens", "logprobs", "prompt_token_ids", "error", "worker_id")
+    __slots__ = ("request_id", "token_ids", "text", "finish_reason", "stop_reason", "prompt_tokens", "completion_tokens", "logprobs", "prompt_token_ids", "error", "worker_id", "index")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +100,7 @@ class GenerateResponse(_message.Message):
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
@@ -109,7 +112,8 @@ class GenerateResponse(_message.Message):
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     error: str
     worker_id: str
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., error: _Optional[str] = ..., worker_id: _Optional[str] = ...) -> None: ...
+    index: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., error: _Optional[str] = ..., worker_id: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)

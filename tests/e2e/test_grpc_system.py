@@ -188,7 +188,50 @@ BAD_INPUTS = [
     (dict(token_ids=[1, 2, 10**9]), "vocabulary"),
     (dict(prompt="hi", structured={"kind": "regex", "spec": "(("}), "regex is not valid"),
     (dict(prompt="hi", structured={"kind": "yaml"}), "unknown structured output kind"),
+    (dict(prompt="hi", n=17), "n must be in [1, 16]"),
 ]
+
+
+def test_n_samples_share_one_prompt_over_grpc(client, hf_greedy):
+    prompt = PROMPTS[2]
+    greedy = client.generate_choices(
+        prompt, n=4, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True
+    )
+    assert [r.token_ids for r in greedy] == [hf_greedy[prompt]] * 4
+    assert all(r.finish_reason == "length" and r.completion_tokens == MAX_TOKENS for r in greedy)
+    assert len({r.request_id for r in greedy}) == 1  # one call, the samples told by index
+    kwargs = dict(n=3, max_tokens=10, temperature=1.0, seed=21, ignore_eos=True)
+    sampled = [r.token_ids for r in client.generate_choices(prompt, **kwargs)]
+    assert len({tuple(t) for t in sampled}) > 1  # a seed stream per sample (seed + index)
+    assert sampled == [r.token_ids for r in client.generate_choices(prompt, **kwargs)]
+    assert_no_block_leak(client)
+
+
+def test_abort_ends_every_sample_of_a_group(client):
+    received = []
+
+    def consume():
+        received.extend(
+            client.stream(
+                "Count slowly:",
+                n=3,
+                max_tokens=500,
+                temperature=0.0,
+                ignore_eos=True,
+                request_id="abort-group",
+            )
+        )
+
+    t = threading.Thread(target=consume)
+    t.start()
+    deadline = time.monotonic() + 30
+    while len({m.index for m in received if m.token_ids}) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    client.abort("abort-group")
+    t.join(30)
+    ended = {m.index: m.finish_reason for m in received if m.finish_reason}
+    assert ended == {0: 3, 1: 3, 2: 3}  # FINISH_REASON_ABORT, each sample
+    assert_no_block_leak(client)
 
 
 def test_structured_output_over_grpc(client):
