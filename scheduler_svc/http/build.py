@@ -6,10 +6,18 @@ import math
 import uuid
 from dataclasses import replace
 
+from common.messages import StructuredOutput
 from scheduler_svc.core import RequestRejected, SamplingParams, validate_sampling_params
 from scheduler_svc.http.constraints import constraint
 from scheduler_svc.http.errors import OpenAIError
-from scheduler_svc.http.protocol import ChatCompletionRequest, CompletionRequest, _SamplingBody
+from scheduler_svc.http.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    _SamplingBody,
+)
+from scheduler_svc.http.tool_prompt import template_inputs
+from scheduler_svc.http.tools import ToolPlan, tool_constraint, tool_plan
 from scheduler_svc.intake import (
     MAX_REQUEST_ID_LEN,
     MAX_STOP_STRING_LEN,
@@ -95,10 +103,10 @@ def _state(
     max_tokens: int,
     logprobs: int | None,
     request_id: str,
-    response_format: dict | None = None,
+    structured: StructuredOutput | None,
 ) -> RequestState:
     params = _sampling(body, max_tokens, logprobs)
-    params.structured = constraint(body, response_format)
+    params.structured = structured
     intake.check_token_ids(params.stop_token_ids)
     return intake.make_state(
         request_id=body.request_id or request_id,
@@ -147,44 +155,64 @@ def build_completion(intake: Intake, body: CompletionRequest) -> RequestState:
     try:
         prompt = completion_prompt(intake, body.prompt)
         max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-        return _state(intake, body, prompt, max_tokens, body.logprobs, f"cmpl-{uuid.uuid4().hex}")
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        return _state(intake, body, prompt, max_tokens, body.logprobs, request_id, constraint(body))
     except RequestRejected as exc:
         raise OpenAIError(400, str(exc), None, "invalid_request") from exc
 
 
+def _text_content(i: int, m: ChatMessage) -> str:
+    if isinstance(m.content, list):
+        texts = []
+        for part in m.content:
+            if part.type != "text" or part.text is None:
+                raise OpenAIError(
+                    400,
+                    f"messages[{i}]: content part of type {part.type!r} is not supported; "
+                    "this server takes text only",
+                    f"messages.{i}.content",
+                )
+            texts.append(part.text)
+        return "\n".join(texts)
+    if m.content is None and m.role != "assistant":
+        raise OpenAIError(
+            400,
+            f"messages[{i}]: a {m.role} message needs content (a string or text parts)",
+            f"messages.{i}.content",
+            "invalid_request",
+        )
+    return m.content or ""
+
+
 def chat_messages(body: ChatCompletionRequest) -> list[dict]:
+    """The messages as a chat template takes them: content always a string, an assistant's
+    `tool_calls` and a tool message's `tool_call_id` and `name` kept."""
     messages = []
     for i, m in enumerate(body.messages):
-        if isinstance(m.content, list):
-            texts = []
-            for part in m.content:
-                if part.type != "text" or part.text is None:
-                    raise OpenAIError(
-                        400,
-                        f"messages[{i}]: content part of type {part.type!r} is not supported; "
-                        "this server takes text only",
-                        f"messages.{i}.content",
-                    )
-                texts.append(part.text)
-            content = "\n".join(texts)
-        elif m.content is None and m.role != "assistant":
+        if m.tool_calls and m.role != "assistant":
             raise OpenAIError(
                 400,
-                f"messages[{i}]: a {m.role} message needs content (a string or text parts)",
-                f"messages.{i}.content",
-                "invalid_request",
+                f"messages[{i}]: only an assistant message carries tool_calls",
+                f"messages.{i}.tool_calls",
             )
-        else:
-            content = m.content or ""
         role = "system" if m.role == "developer" else m.role
-        messages.append({"role": role, "content": content})
+        message: dict = {"role": role, "content": _text_content(i, m)}
+        if m.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        if m.name is not None:
+            message["name"] = m.name
+        messages.append(message)
     return messages
 
 
-def build_chat(intake: Intake, body: ChatCompletionRequest) -> RequestState:
+def build_chat(
+    intake: Intake, body: ChatCompletionRequest, tools: ToolPlan | None = None
+) -> RequestState:
+    """`tools`: the body's tool_plan, when the caller already has it."""
     _common_checks(body)
-    if body.tools:
-        raise OpenAIError(400, "tools (function calling) are not supported", "tools")
+    tools = tools or tool_plan(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise OpenAIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -193,8 +221,11 @@ def build_chat(intake: Intake, body: ChatCompletionRequest) -> RequestState:
             raise OpenAIError(
                 400, "max_tokens and max_completion_tokens differ; send one", "max_tokens"
             )
+    structured = tool_constraint(tools, constraint(body, body.response_format))
+    template = getattr(intake.tokenizer, "chat_template", None)
+    messages, context = template_inputs(chat_messages(body), tools, template)
     try:
-        prompt = intake.render_chat(chat_messages(body))
+        prompt = _rendered(intake, messages, context)
         max_tokens = body.max_completion_tokens
         if max_tokens is None:
             max_tokens = body.max_tokens
@@ -207,10 +238,19 @@ def build_chat(intake: Intake, body: ChatCompletionRequest) -> RequestState:
             max_tokens,
             logprobs,
             f"chatcmpl-{uuid.uuid4().hex}",
-            body.response_format,
+            structured,
         )
     except RequestRejected as exc:
         raise OpenAIError(400, str(exc), None, "invalid_request") from exc
+
+
+def _rendered(intake: Intake, messages: list[dict], context: dict) -> list[int]:
+    try:
+        return intake.render_chat(messages, **context)
+    except RequestRejected:
+        raise
+    except ValueError as exc:  # the template's raise_exception: it refuses these messages
+        raise OpenAIError(400, str(exc), "messages") from exc
 
 
 def choices(intake: Intake, body: _SamplingBody, first: RequestState) -> list[RequestState]:

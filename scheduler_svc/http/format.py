@@ -6,6 +6,14 @@ import time
 from dataclasses import dataclass, field
 
 from common.convert import TokenLogprobs
+from scheduler_svc.http.tool_parser import (
+    CallDelta,
+    NamedCallParser,
+    ParsedDelta,
+    ToolCallParser,
+    assemble,
+)
+from scheduler_svc.http.tools import ToolPlan
 from scheduler_svc.request_state import StreamDelta
 
 MIN_LOGPROB = -9999.0  # stands for -inf (JSON has no infinities), as vLLM does
@@ -13,6 +21,32 @@ MIN_LOGPROB = -9999.0  # stands for -inf (JSON has no infinities), as vLLM does
 
 def _lp(value: float) -> float:
     return value if value >= MIN_LOGPROB else MIN_LOGPROB  # also maps NaN
+
+
+def _call_delta(delta: CallDelta) -> dict:
+    """A stream's tool call delta: the id, type and name come once, with the first fragment."""
+    if delta.id is None:
+        return {"index": delta.index, "function": {"arguments": delta.arguments}}
+    return {
+        "index": delta.index,
+        "id": delta.id,
+        "type": "function",
+        "function": {"name": delta.name, "arguments": delta.arguments},
+    }
+
+
+def _message_delta(parsed: ParsedDelta) -> dict:
+    delta: dict = {}
+    if parsed.content:
+        delta["content"] = parsed.content
+    if parsed.calls:
+        delta["tool_calls"] = [_call_delta(c) for c in parsed.calls]
+    return delta
+
+
+def _finish_with_calls(finish: str | None, called: bool) -> str | None:
+    """`tool_calls` when the output ended by itself after a call; `length` stays `length`."""
+    return "tool_calls" if called and finish == "stop" else finish
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -37,6 +71,17 @@ class ResponseFormatter:
     created: int = field(default_factory=lambda: int(time.time()))
     text_offset: int = 0  # completions logprobs: characters before the next token
     index: int = 0  # the choice (n > 1)
+    tools: ToolPlan | None = None  # chat with tools: calls are read out of the output
+    _stream_parser: ToolCallParser | NamedCallParser | None = field(default=None, repr=False)
+
+    @property
+    def reads_calls(self) -> bool:
+        return self.chat and self.tools is not None and self.tools.choice != "none"
+
+    def _new_parser(self) -> ToolCallParser | NamedCallParser:
+        parser = self.tools.parser() if self.tools is not None else None
+        assert parser is not None, "only a formatter that reads calls parses them"
+        return parser
 
     # ---- pieces ---------------------------------------------------------------------------
     def _token_text(self, token_id: int) -> str:
@@ -78,12 +123,14 @@ class ResponseFormatter:
 
     # ---- streaming ------------------------------------------------------------------------
     def first_chat_chunk(self) -> dict:
+        # null, not "": the content of a message that only calls stays null once assembled
+        content = None if self.reads_calls else ""
         return {
             **self._head("chat.completion.chunk"),
             "choices": [
                 {
                     "index": self.index,
-                    "delta": {"role": "assistant", "content": ""},
+                    "delta": {"role": "assistant", "content": content},
                     "logprobs": None,
                     "finish_reason": None,
                 }
@@ -94,7 +141,15 @@ class ResponseFormatter:
         finish = str(delta.finish_reason) if delta.finish_reason is not None else None
         text = text_prefix + delta.text
         choice: dict = {"index": self.index}
-        if self.chat:
+        if self.reads_calls:
+            if self._stream_parser is None:
+                self._stream_parser = self._new_parser()
+            parsed = self._stream_parser.feed(text)
+            if finish is not None:
+                parsed.extend(self._stream_parser.finish())
+                finish = _finish_with_calls(finish, self._stream_parser.called)
+            choice["delta"] = _message_delta(parsed)
+        elif self.chat:
             choice["delta"] = {"content": text} if text or finish is None else {}
         else:
             choice["text"] = text
@@ -121,7 +176,9 @@ class ResponseFormatter:
         finish = str(last.finish_reason) if last and last.finish_reason is not None else None
         completion_tokens = last.num_output_tokens if last else 0
         choice: dict = {"index": self.index}
-        if self.chat:
+        if self.reads_calls:
+            choice["message"], finish = self._message_with_calls(text, finish)
+        elif self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
@@ -134,3 +191,18 @@ class ResponseFormatter:
             "choices": [choice],
             "usage": usage(self.prompt_tokens, completion_tokens),
         }
+
+    def _message_with_calls(self, text: str, finish: str | None) -> tuple[dict, str | None]:
+        parser = self._new_parser()
+        content, calls = assemble(parser.feed(text).extend(parser.finish()))
+        message: dict = {"role": "assistant", "content": content or None}
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for call in calls
+            ]
+        return message, _finish_with_calls(finish, parser.called)

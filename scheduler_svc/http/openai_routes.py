@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -13,9 +16,11 @@ from scheduler_svc.http.errors import OpenAIError, error_body
 from scheduler_svc.http.format import ResponseFormatter, usage
 from scheduler_svc.http.protocol import ChatCompletionRequest, CompletionRequest
 from scheduler_svc.http.streams import DisconnectWatcher, sse
+from scheduler_svc.http.tools import tool_plan
 from scheduler_svc.request_state import RequestState, StreamDelta
 
 log = get_logger("splitserve.http")
+Built = TypeVar("Built")
 
 
 def openai_router(ctx: HttpContext) -> APIRouter:
@@ -69,7 +74,8 @@ def openai_router(ctx: HttpContext) -> APIRouter:
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(intake, body.model)
-        state = _built(ctx, lambda: build_chat(intake, body))
+        tools = _built(ctx, lambda: tool_plan(body))
+        state = _built(ctx, lambda: build_chat(intake, body, tools))
         group = _built(ctx, lambda: choices(intake, body, state))
 
         def fmt(index: int = 0) -> ResponseFormatter:
@@ -81,6 +87,7 @@ def openai_router(ctx: HttpContext) -> APIRouter:
                 tokenizer=intake.tokenizer,
                 want_logprobs=body.logprobs,
                 index=index,
+                tools=tools,
             )
 
         if len(group) > 1:
@@ -92,7 +99,7 @@ def openai_router(ctx: HttpContext) -> APIRouter:
     return router
 
 
-def _built(ctx: HttpContext, build) -> RequestState:
+def _built(ctx: HttpContext, build: Callable[[], Built]) -> Built:
     try:
         return build()
     except OpenAIError:

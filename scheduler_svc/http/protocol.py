@@ -71,10 +71,42 @@ class TextPart(BaseModel):
     text: str | None = None
 
 
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; None: no parameters
+    strict: bool | None = None  # accepted: required and named choices are always strict
+
+
+class ToolDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # e.g. the client's own parsed_arguments
+    name: str
+    arguments: str  # JSON text, as responses carry it
+
+
+class MessageToolCall(BaseModel):
+    """A call in an assistant message sent back: what a response's `tool_calls` held."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")  # name, tool_call_id, ... are accepted, unused
+    model_config = ConfigDict(extra="allow")  # e.g. refusal, audio: accepted, unused
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages: the call this answers
 
 
 class ChatCompletionRequest(_SamplingBody):
@@ -82,9 +114,9 @@ class ChatCompletionRequest(_SamplingBody):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None  # not supported: must be empty
-    tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Any = None  # none | auto | required | {"type": "function", ...}: http/tools.py
+    parallel_tool_calls: bool | None = None  # None: allowed
     response_format: dict[str, Any] | None = None  # text, json_object, json_schema
     store: bool | None = None
     metadata: dict[str, str] | None = None

@@ -181,6 +181,14 @@ def test_abort_unknown_and_finished_ids(system):
     assert_healthy(client)
 
 
+HI = [{"role": "user", "content": "hi"}]
+F = {"name": "f"}
+TOOL = {"type": "function", "function": F}
+BAD_NAME = {"type": "function", "function": {"name": "no spaces please"}}
+OTHER = {"type": "function", "function": {"name": "g"}}
+WITH_TOOL = {"messages": HI, "tools": [TOOL]}
+CALLS = {"content": "x", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]}
+
 HTTP_CASES = [
     ("/v1/completions", b"{not json", 400, "json"),
     ("/v1/completions", b'\xff\xfe{"prompt": 1}', 400, ""),
@@ -201,6 +209,16 @@ HTTP_CASES = [
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
     ("/v1/chat/completions", {"messages": "hello"}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": HI, "tools": [{"type": "function"}]}, 400, "tools.0"),
+    ("/v1/chat/completions", {"messages": HI, "tools": [{"function": F}]}, 400, "tools.0.type"),
+    ("/v1/chat/completions", {"messages": HI, "tools": "all"}, 400, "tools"),
+    ("/v1/chat/completions", {"messages": HI, "tools": [BAD_NAME]}, 400, "letters"),
+    ("/v1/chat/completions", {"messages": HI, "tools": [TOOL, TOOL]}, 400, "twice"),
+    ("/v1/chat/completions", {"messages": HI, "tool_choice": "required"}, 400, "needs tools"),
+    ("/v1/chat/completions", {**WITH_TOOL, "tool_choice": 7}, 400, "tool_choice"),
+    ("/v1/chat/completions", {**WITH_TOOL, "tool_choice": OTHER}, 400, "not in"),
+    ("/v1/chat/completions", {**WITH_TOOL, "guided_regex": "a"}, 400, "combined"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", **CALLS}]}, 400, "assistant"),
     ("/v1/nope", {"prompt": "hi"}, 404, "route"),
 ]
 
