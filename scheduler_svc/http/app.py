@@ -12,6 +12,7 @@ from scheduler_svc.http.context import HttpContext
 from scheduler_svc.http.errors import error_response, install_error_handlers
 from scheduler_svc.http.openai_routes import openai_router
 from scheduler_svc.http.priority_routes import priority_router
+from scheduler_svc.http.tokenize_routes import tokenize_router
 
 # paths that never need the API key: probes and read-only operational pages (counts only)
 OPEN_PATHS = ("/health", "/ready", "/metrics", "/cluster", "/dashboard", "/")
@@ -57,6 +58,7 @@ def create_app(ctx: HttpContext) -> FastAPI:
     install_error_handlers(app)
     if ctx.intake is not None:  # not on a scheduler whose front-ends run apart
         app.include_router(openai_router(ctx))
+        app.include_router(tokenize_router(ctx))
     app.include_router(priority_router(ctx))
 
     @app.get("/health")

@@ -19,6 +19,7 @@ from scheduler_svc.http.protocol import (
 from scheduler_svc.http.tool_prompt import template_inputs
 from scheduler_svc.http.tools import ToolPlan, tool_constraint, tool_plan
 from scheduler_svc.intake import (
+    MAX_CHOICES,
     MAX_REQUEST_ID_LEN,
     MAX_STOP_STRING_LEN,
     MAX_STOP_STRINGS,
@@ -38,14 +39,16 @@ def check_model(intake: Intake, model: str | None) -> None:
         raise OpenAIError(404, str(exc), "model", "model_not_found") from exc
 
 
-MAX_CHOICES = 16  # n and best_of
-
-
 def _common_checks(body: _SamplingBody) -> None:
     if not 1 <= body.n <= MAX_CHOICES:
         raise OpenAIError(400, f"n must be in [1, {MAX_CHOICES}]; got {body.n}", "n")
     if body.logit_bias:
-        raise OpenAIError(400, "logit_bias is not supported", "logit_bias")
+        raise OpenAIError(
+            400,
+            "logit_bias is not supported; to restrict the tokens use guided_choice, guided_regex "
+            "or structured_outputs",
+            "logit_bias",
+        )
     if body.stream_options is not None and not body.stream:
         raise OpenAIError(400, "stream_options is only allowed with stream=true", "stream_options")
     if body.deadline is not None and (not math.isfinite(body.deadline) or body.deadline < 0):
@@ -225,7 +228,7 @@ def build_chat(
     template = getattr(intake.tokenizer, "chat_template", None)
     messages, context = template_inputs(chat_messages(body), tools, template)
     try:
-        prompt = _rendered(intake, messages, context)
+        prompt = render_prompt(intake, messages, context)
         max_tokens = body.max_completion_tokens
         if max_tokens is None:
             max_tokens = body.max_tokens
@@ -244,7 +247,7 @@ def build_chat(
         raise OpenAIError(400, str(exc), None, "invalid_request") from exc
 
 
-def _rendered(intake: Intake, messages: list[dict], context: dict) -> list[int]:
+def render_prompt(intake: Intake, messages: list[dict], context: dict) -> list[int]:
     try:
         return intake.render_chat(messages, **context)
     except RequestRejected:
@@ -254,31 +257,14 @@ def _rendered(intake: Intake, messages: list[dict], context: dict) -> list[int]:
 
 
 def choices(intake: Intake, body: _SamplingBody, first: RequestState) -> list[RequestState]:
-    """n > 1 (and best_of): `first` and its siblings, one request per choice. Each sibling has
-    its own seed stream (seed + index) and waits for the first one's prompt to be computed, so
-    the prompt's KV blocks are computed once and shared through the prefix cache; only the
-    partial last block is computed again per choice. best_of > n asks every choice for its
-    sampled tokens' logprobs, to pick the n most likely."""
+    """n > 1 (and best_of): `first` and its siblings, one request per choice
+    (Intake.siblings). best_of > n asks every choice for its sampled tokens' logprobs, to pick
+    the n most likely."""
     count = max(body.n, getattr(body, "best_of", None) or body.n)
     if count == 1:
         return [first]
     if count > body.n and first.params.logprobs is None:
         first.params = replace(first.params, logprobs=0)
-    group = [first]
-    for i in range(1, count):
-        params = first.params
-        if params.seed is not None:
-            params = replace(params, seed=params.seed + i)
-        sibling = intake.make_state(
-            request_id=f"{first.request_id}-{i}",
-            prompt=first.prompt_token_ids,
-            params=params,
-            stop=_stop_strings(body.stop),
-            priority=first.priority,
-            tenant=first.tenant,
-            deadline_s=body.deadline or 0.0,
-            skip_special_tokens=body.skip_special_tokens,
-        )
-        sibling.prefill_after = first.request_id
-        group.append(sibling)
-    return group
+    return [first] + intake.siblings(
+        first, count, _stop_strings(body.stop), body.deadline or 0.0, body.skip_special_tokens
+    )

@@ -74,6 +74,10 @@ def tool_constraint(
     """The request's one output constraint: the plan's, or the body's other one."""
     if plan is None or plan.choice == "none":
         return structured
+    if plan.choice == "auto" and structured is not None:
+        # as vLLM: the answer follows the body's format, and calls are still read out of it
+        # (the OpenAI Agents SDK sends tools with a response_format on every turn)
+        return structured
     if structured is not None:
         raise OpenAIError(
             400,

@@ -217,7 +217,14 @@ HTTP_CASES = [
     ("/v1/chat/completions", {"messages": HI, "tool_choice": "required"}, 400, "needs tools"),
     ("/v1/chat/completions", {**WITH_TOOL, "tool_choice": 7}, 400, "tool_choice"),
     ("/v1/chat/completions", {**WITH_TOOL, "tool_choice": OTHER}, 400, "not in"),
-    ("/v1/chat/completions", {**WITH_TOOL, "guided_regex": "a"}, 400, "combined"),
+    (
+        "/v1/chat/completions",
+        {**WITH_TOOL, "tool_choice": "required", "guided_regex": "a"},
+        400,
+        "combined",
+    ),
+    ("/tokenize", {"prompt": "hi", "messages": HI}, 400, "either prompt or messages"),
+    ("/detokenize", {"tokens": [VOCAB + 5]}, 400, "vocabulary"),
     ("/v1/chat/completions", {"messages": [{"role": "user", **CALLS}]}, 400, "assistant"),
     ("/v1/nope", {"prompt": "hi"}, 404, "route"),
 ]

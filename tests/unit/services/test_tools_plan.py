@@ -108,7 +108,14 @@ BAD_TOOLS = [
         "tool_choice",
         "combined",
     ),
-    ({"guided_regex": "a+"}, "tool_choice", "combined"),
+    (
+        {
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "guided_regex": "a+",
+        },
+        "tool_choice",
+        "combined",
+    ),
 ]
 
 
@@ -125,6 +132,14 @@ def test_none_keeps_the_tools_in_the_prompt_and_allows_another_constraint():
     intake = Intake(TOK, "fake", {"fake"}, 512)
     state = build_chat(intake, body(tool_choice="none", response_format={"type": "json_object"}))
     assert state.params.structured.kind == "json_object"
+    assert "get_weather" in TOK.decode(state.prompt_token_ids)
+
+
+def test_auto_keeps_the_tools_in_the_prompt_and_the_body_format_on_the_output():
+    intake = Intake(TOK, "fake", {"fake"}, 512)
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+    state = build_chat(intake, body(response_format=fmt))
+    assert state.params.structured.kind == "json_schema"
     assert "get_weather" in TOK.decode(state.prompt_token_ids)
 
 

@@ -1,0 +1,106 @@
+"""POST /tokenize and /detokenize, as vLLM serves them: a prompt (or chat messages, rendered by
+the chat template exactly as /v1/chat/completions renders them, tools included) to the token ids
+the model would see, and token ids back to text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict
+
+from scheduler_svc.core import RequestRejected
+from scheduler_svc.http.build import chat_messages, check_model, render_prompt
+from scheduler_svc.http.context import HttpContext
+from scheduler_svc.http.errors import OpenAIError
+from scheduler_svc.http.protocol import ChatMessage, ToolDefinition
+from scheduler_svc.http.tool_prompt import template_inputs
+from scheduler_svc.http.tools import tool_plan
+
+MAX_TOKENIZE_CHARS = 1_000_000
+
+
+class TokenizeRequest(BaseModel):
+    """One of `prompt` (completion style) or `messages` (chat style)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
+    add_generation_prompt: bool = True
+    tools: list[ToolDefinition] | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    tokens: list[int]
+
+
+class _ChatView(BaseModel):
+    """What build.py's chat helpers read from a chat body."""
+
+    model_config = ConfigDict(extra="ignore")
+    messages: list[ChatMessage]
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+
+
+def tokenize_router(ctx: HttpContext) -> APIRouter:
+    router = APIRouter()
+    intake = ctx.intake
+
+    @router.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict:
+        check_model(intake, body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise OpenAIError(400, "send either prompt or messages", "prompt")
+        if body.prompt is not None:
+            if len(body.prompt) > MAX_TOKENIZE_CHARS:
+                raise OpenAIError(
+                    400, f"the prompt is longer than {MAX_TOKENIZE_CHARS} characters", "prompt"
+                )
+            add_special = True if body.add_special_tokens is None else body.add_special_tokens
+            tokens = intake.tokenizer.encode(body.prompt, add_special_tokens=add_special)
+        else:
+            tokens = _chat_tokens(intake, body)
+        reply: dict = {"count": len(tokens), "max_model_len": intake.max_model_len}
+        reply["tokens"] = tokens
+        reply["token_strs"] = (
+            [intake.tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
+            if body.return_token_strs
+            else None
+        )
+        return reply
+
+    @router.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict:
+        check_model(intake, body.model)
+        try:
+            intake.check_token_ids(body.tokens)
+        except RequestRejected as exc:
+            raise OpenAIError(400, str(exc), "tokens") from exc
+        return {"prompt": intake.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+
+    return router
+
+
+def _chat_tokens(intake, body: TokenizeRequest) -> list[int]:
+    chat = _ChatView(messages=body.messages or [], tools=body.tools)
+    plan = tool_plan(chat)
+    template = getattr(intake.tokenizer, "chat_template", None)
+    messages, context = template_inputs(chat_messages(chat), plan, template)
+    try:
+        tokens = render_prompt(
+            intake, messages, dict(context, add_generation_prompt=body.add_generation_prompt)
+        )
+    except RequestRejected as exc:
+        raise OpenAIError(400, str(exc), "messages") from exc
+    if body.add_special_tokens:  # the template writes its own; a BOS on top, if asked
+        bos = intake.tokenizer.bos_token_id
+        if bos is not None and tokens[:1] != [bos]:
+            tokens = [bos, *tokens]
+    return tokens
