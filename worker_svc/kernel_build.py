@@ -32,6 +32,7 @@ SOURCES = tuple(
         "fused_ops.c",
         "amx_gemm.c",
         "decode_stack.c",
+        "token_mask.c",
     )
 )
 HEADERS = (

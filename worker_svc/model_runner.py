@@ -21,7 +21,15 @@ import torch
 from common.messages import SchedulerOutput
 from common.model_source import resolve_model
 from common.tokenizer import load_tokenizer
-from worker_svc import attention, cpu_caps, decoder_loop, fused_ops, native_attention, quantization
+from worker_svc import (
+    attention,
+    cpu_caps,
+    decoder_loop,
+    fused_ops,
+    native_attention,
+    quantization,
+    token_mask,
+)
 from worker_svc.compile import compile_model
 from worker_svc.config import GiB, ModelRunnerConfig
 from worker_svc.cost_probe import time_throwaway_prefill
@@ -126,7 +134,11 @@ class ModelRunner:
             )
         )
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
-        self.sampler = Sampler(generator, ops.argmax if ops is not None else None)
+        self.sampler = Sampler(
+            generator,
+            ops.argmax if ops is not None else None,
+            token_mask.load() if self.native and self.device.type == "cpu" else None,
+        )
         self.structured = StructuredOutputs(
             lambda: load_tokenizer(self.source), self._vocab_size, self._eos_token_id
         )
@@ -282,7 +294,10 @@ class ModelRunner:
         if picked is not None:
             positions, masks = picked
             meta.mask_rows = torch.tensor(positions, dtype=torch.int64, device=self.device)
-            meta.allowed = token_masks(masks, self._vocab_size, self.device)
+            if self.sampler.packed_mask is not None:  # applied from the words themselves
+                meta.packed_masks = torch.from_numpy(masks)
+            else:
+                meta.allowed = token_masks(masks, self._vocab_size, self.device)
         return sample_ids
 
     def _update_states(self, so: SchedulerOutput) -> None:

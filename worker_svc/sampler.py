@@ -52,6 +52,7 @@ class SamplingMetadata:
     # structured output, for the rows in mask_rows only (worker_svc/structured_output.py)
     mask_rows: torch.Tensor | None = None  # [C] int64, ascending
     allowed: torch.Tensor | None = None  # [C, V] bool: the token is allowed next
+    packed_masks: torch.Tensor | None = None  # [C, words] int32, instead of allowed (native)
 
 
 @dataclass(slots=True)
@@ -61,10 +62,12 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __init__(self, generator: torch.Generator, fast_argmax=None) -> None:
+    def __init__(self, generator: torch.Generator, fast_argmax=None, packed_mask=None) -> None:
         self.generator = generator  # for rows without their own seed
         # logits -> token ids or None (a native row argmax: greedy batches skip the float copy)
         self.fast_argmax = fast_argmax
+        # (logits, rows, packed masks) -> applied or not (worker_svc/token_mask.py)
+        self.packed_mask = packed_mask
 
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         if (
@@ -72,6 +75,7 @@ class Sampler:
             and meta.num_logprobs is None
             and meta.penalty_rows is None
             and meta.allowed is None
+            and meta.packed_masks is None
             and self.fast_argmax is not None
         ):
             tokens = self.fast_argmax(logits)  # the same ids: float conversion keeps the order
@@ -81,7 +85,12 @@ class Sampler:
         raw_logprobs = None
         if meta.num_logprobs is not None:
             raw_logprobs = torch.log_softmax(logits, dim=-1)
-        if meta.allowed is not None:
+        if meta.packed_masks is not None:
+            packed = meta.packed_masks
+            if not self.packed_mask or not self.packed_mask(logits, meta.mask_rows, packed):
+                allowed = token_masks(packed.numpy(), logits.shape[1], logits.device)
+                apply_token_mask(logits, meta.mask_rows, allowed)
+        elif meta.allowed is not None:
             apply_token_mask(logits, meta.mask_rows, meta.allowed)
         if meta.penalty_rows is not None:
             apply_penalties(logits, meta)

@@ -22,6 +22,8 @@ finish_reason stop; under ignore_eos it keeps sampling EOS until its length limi
 
 from __future__ import annotations
 
+import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,6 +39,7 @@ from common.structured import grammar, ll_tokenizer
 log = get_logger("splitserve.worker.structured_output")
 
 THREAD_NAME = "structured-output"
+MATCHER_NICE = 10  # added to the worker's own niceness, on the matcher thread only
 COMPILED_CACHE = 64  # pristine matchers kept per grammar: a new or resumed row deep-copies one
 
 
@@ -119,7 +122,9 @@ class StructuredOutputs:
 
     def _submit(self, fn, *args) -> None:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix=THREAD_NAME)
+            self._pool = ThreadPoolExecutor(
+                1, thread_name_prefix=THREAD_NAME, initializer=_yield_to_the_forward
+            )
         self._last = self._pool.submit(fn, *args)
 
     def _join(self) -> None:
@@ -193,6 +198,19 @@ class StructuredOutputs:
         if self._ll is None:
             raise RuntimeError(self._ll_error)
         return self._ll
+
+
+def _yield_to_the_forward() -> None:
+    """Runs on the matcher thread: a lower priority (Linux nices threads one by one), so that
+    where the forward pass's threads fill every core the masks fill the gaps between steps
+    instead of preempting one of those threads, which every other one then waits for at the
+    next barrier. The masks still get the CPU when a step waits for them."""
+    try:
+        thread = threading.get_native_id()
+        nice = os.getpriority(os.PRIO_PROCESS, thread) + MATCHER_NICE
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, nice))
+    except (AttributeError, OSError):  # not Linux, or not allowed: same priority then
+        pass
 
 
 def eos_mask(eos_token_id: int | None, vocab_size: int) -> np.ndarray:

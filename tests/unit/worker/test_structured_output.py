@@ -341,3 +341,26 @@ def test_token_mask_pads_past_the_tokenizer_and_applies_to_its_rows_only():
     apply_token_mask(logits, torch.tensor([2]), token_masks(masks[1:], 70, torch.device("cpu")))
     assert torch.isfinite(logits[:2]).all()
     assert torch.isfinite(logits[2]).nonzero().flatten().tolist() == [33]
+
+
+def test_native_packed_mask_equals_the_torch_path():
+    from worker_svc import token_mask
+
+    native = token_mask.load()
+    if native is None:
+        pytest.skip("the native kernel library is not built on this machine")
+    rng = np.random.default_rng(7)
+    words = 5  # 160 tokens the masks cover
+    masks = rng.integers(-(2**31), 2**31, size=(4, words), dtype=np.int64).astype(np.int32)
+    masks[0, 1] = -1  # a word that allows everything
+    masks[1, 2] = 0  # one that allows nothing
+    masks[2] = 0
+    masks[2, 0] = 1 << 3  # a single token
+    for vocab, rows in ((150, [0, 1, 2, 3]), (200, [1, 3, 4, 6])):  # cut, and padded past
+        logits = torch.randn(7, vocab)
+        expected = logits.clone()
+        picked = torch.tensor(rows, dtype=torch.int64)
+        apply_token_mask(expected, picked, token_masks(masks, vocab, torch.device("cpu")))
+        assert native(logits, picked, torch.from_numpy(masks))
+        assert torch.equal(logits, expected)
+    assert not native(torch.randn(2, 10, dtype=torch.bfloat16), picked[:1], torch.from_numpy(masks))
