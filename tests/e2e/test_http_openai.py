@@ -7,6 +7,7 @@ import re
 import time
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -131,20 +132,21 @@ def test_stop_string_and_seeded_sampling(oai, model, grpc_greedy):
     )
 
 
-def test_n_choices_and_best_of_with_the_official_client(oai, model, grpc_greedy):
+def test_n_choices_and_best_of_with_the_official_client(cluster, oai, model, grpc_greedy):
     expected, chat_expected = grpc_greedy
     r = oai.completions.create(
         model=model,
         prompt=PROMPT,
         max_tokens=MAX_TOKENS,
         temperature=0,
-        n=3,
+        n=4,
         extra_body={"ignore_eos": True},
     )
-    assert [c.index for c in r.choices] == [0, 1, 2]
-    assert [c.text for c in r.choices] == [expected.text] * 3  # greedy, prompt shared
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert [c.text for c in r.choices] == [expected.text] * 4  # greedy: each equals n=1
     assert r.usage.prompt_tokens == len(load_tokenizer(None).encode(PROMPT))
-    assert r.usage.completion_tokens == 3 * MAX_TOKENS
+    assert r.usage.completion_tokens == 4 * MAX_TOKENS
+    cluster.wait_idle()  # every block back in the pool once the group ended
     kwargs = dict(model=model, prompt=PROMPT, max_tokens=12, temperature=1.0, seed=3, n=4)
     sampled = [c.text for c in oai.completions.create(**kwargs).choices]
     assert len(set(sampled)) > 1  # a seed stream per choice (seed + index)
@@ -170,6 +172,39 @@ def test_n_choices_and_best_of_with_the_official_client(oai, model, grpc_greedy)
     assert [c.index for c in best.choices] == [0, 1]
     assert best.usage.completion_tokens == 4 * 6  # all four were generated
 
+
+ADDRESSED = {  # nested objects, arrays, enums, required fields
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "role": {"type": "string", "enum": ["admin", "editor", "viewer"]},
+        "address": {
+            "type": "object",
+            "properties": {
+                "street": {"type": "string", "maxLength": 30},
+                "city": {"type": "string", "enum": ["Paris", "London", "Tokyo"]},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+            },
+            "required": ["street", "city", "zip"],
+            "additionalProperties": False,
+        },
+        "tags": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "label": {"type": "string", "maxLength": 10},
+                    "weight": {"type": "integer", "minimum": 0, "maximum": 9},
+                },
+                "required": ["label", "weight"],
+                "additionalProperties": False,
+            },
+            "maxItems": 2,
+        },
+    },
+    "required": ["name", "role", "address", "tags"],
+    "additionalProperties": False,
+}
 
 PERSON = {
     "type": "object",
@@ -232,6 +267,31 @@ def test_structured_output_holds_at_any_temperature(oai, model):
         extra_body={"guided_choice": [" Paris", " London", " Madrid"]},
     )
     assert r.choices[0].text in (" Paris", " London", " Madrid")
+    nested = {"type": "json_schema", "json_schema": {"name": "user", "schema": ADDRESSED}}
+    for temperature, seed in ((0.0, None), (1.0, 4)):
+        r = oai.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "A user record as JSON."}],
+            max_tokens=200,
+            temperature=temperature,
+            seed=seed,
+            response_format=nested,
+        )
+        assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+        jsonschema.validate(json.loads(r.choices[0].message.content), ADDRESSED)
+        r = oai.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Describe Paris as a JSON object."}],
+            max_tokens=200,
+            temperature=temperature,
+            seed=seed,
+            response_format={"type": "json_object"},
+        )
+        if r.choices[0].finish_reason == "stop":
+            assert isinstance(json.loads(r.choices[0].message.content), dict)
+        else:  # ran out of tokens first: a prefix of an object, and said so
+            assert r.choices[0].finish_reason == "length"
+            assert r.choices[0].message.content.lstrip().startswith("{")
     short = oai.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": "Describe a person as JSON."}],
