@@ -25,7 +25,8 @@ class InvalidConstraint(ValueError):
 
 def grammar(structured: StructuredOutput) -> str:
     """The llguidance grammar text of a constraint (not yet checked: see `check`)."""
-    from llguidance import LLMatcher, gbnf_to_lark
+    from llguidance import LLMatcher
+    from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
 
     kind, spec = structured.kind, structured.spec
     if kind not in KINDS:
@@ -47,7 +48,10 @@ def grammar(structured: StructuredOutput) -> str:
     if kind == "choice":
         choices = _choices(spec)
         return LLMatcher.grammar_from_regex("|".join(re.escape(c) for c in choices))
-    lark = gbnf_to_lark(spec) if "::=" in spec else spec
+    try:
+        lark = gbnf_to_lark(spec) if "::=" in spec else spec
+    except GbnfToLarkError as exc:
+        raise InvalidConstraint(f"the grammar is not valid GBNF: {exc}") from None
     return LLMatcher.grammar_from_lark(lark)
 
 

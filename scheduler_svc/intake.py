@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from common import structured
 from common.convert import sampling_from_proto
+from common.messages import StructuredOutput
 from common.pb import generation_pb2 as gen_pb
 from scheduler_svc.core import RequestRejected, validate_sampling_params
 from scheduler_svc.detokenizer import IncrementalDetokenizer
@@ -24,15 +25,34 @@ MAX_CHOICES = 16  # n and best_of
 PENALTY_RANGE = (-2.0, 2.0)  # presence and frequency penalties, as OpenAI's API
 
 
+class FieldRejected(RequestRejected):
+    """A refusal that names the request field at fault (`max_tokens`, `stop`, `prompt`...):
+    the HTTP API's error `param`; gRPC answers INVALID_ARGUMENT with the sentence alike.
+    `structured` stands for whichever field asked for the output constraint."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def check_service_limits(params) -> None:
     """Limits of this service on top of the core's validation."""
     low, high = PENALTY_RANGE
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(params, name)
         if not low <= value <= high:  # also refuses NaN
-            raise RequestRejected(f"{name} must be in [{low:g}, {high:g}]; got {value!r}")
+            raise FieldRejected(name, f"{name} must be in [{low:g}, {high:g}]; got {value!r}")
     if params.logprobs is not None and params.logprobs > MAX_LOGPROBS:
-        raise RequestRejected(f"logprobs must be at most {MAX_LOGPROBS}; got {params.logprobs}")
+        raise FieldRejected(
+            "logprobs", f"logprobs must be at most {MAX_LOGPROBS}; got {params.logprobs}"
+        )
+
+
+def check_stop_strings(stop: list[str]) -> None:
+    if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_STRING_LEN for s in stop):
+        raise FieldRejected(
+            "stop", f"at most {MAX_STOP_STRINGS} stop strings of {MAX_STOP_STRING_LEN} characters"
+        )
 
 
 class Intake:
@@ -56,71 +76,90 @@ class Intake:
         if params.structured is None:
             return
         if params.ignore_eos:
-            raise RequestRejected(
+            raise FieldRejected(
+                "ignore_eos",
                 "ignore_eos cannot be combined with structured output: EOS ends the output "
-                "once it is complete"
+                "once it is complete",
             )
+        self.check_constraint(params.structured)
+
+    def check_constraint(self, constraint: StructuredOutput, field: str = "structured") -> None:
+        """The constraint compiles against this model's tokenizer, else the reason."""
         if self._ll_tokenizer is None:
             self._ll_tokenizer = structured.ll_tokenizer(
                 self.tokenizer, self.tokenizer.eos_token_id
             )
         try:
-            structured.check(params.structured, self._ll_tokenizer)
+            structured.check(constraint, self._ll_tokenizer)
         except structured.InvalidConstraint as exc:
-            raise RequestRejected(str(exc)) from None
+            raise FieldRejected(field, str(exc)) from None
 
     def check_model(self, model: str) -> None:
         if model and model not in self.aliases:
-            raise RequestRejected(
-                f"unknown model {model!r}; this server serves {self.model_name!r}"
+            raise FieldRejected(
+                "model",
+                f"unknown model {model!r}; this server serves {self.model_name!r}",
             )
 
     def prompt_from_proto(self, request: gen_pb.GenerateRequest) -> list[int]:
         kind = request.WhichOneof("input")
         if kind == "text":
             if not request.text:
-                raise RequestRejected("the prompt is empty; send some text or token ids")
+                raise FieldRejected("prompt", "the prompt is empty; send some text or token ids")
             return self.tokenizer.encode(request.text)
         if kind == "token_ids":
             return self.check_token_ids(list(request.token_ids.ids))
         if kind == "chat":
             messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
             return self.render_chat(messages)
-        raise RequestRejected("the prompt is empty; send text, token_ids or chat messages")
+        raise FieldRejected("prompt", "the prompt is empty; send text, token_ids or chat messages")
 
     def render_chat(self, messages: list[dict], **template_context) -> list[int]:
         """`template_context`: more template variables (`tools`, as transformers passes them)."""
         if not messages:
-            raise RequestRejected("the chat has no messages")
-        for m in messages:
+            raise FieldRejected("messages", "the chat has no messages; send at least one")
+        for i, m in enumerate(messages):
             if m.get("role") not in ("system", "user", "assistant", "tool"):
-                raise RequestRejected(
-                    f"unknown chat role {m.get('role')!r}; use system, user or assistant"
+                raise FieldRejected(
+                    f"messages.{i}.role",
+                    f"unknown chat role {m.get('role')!r}; use system, user or assistant",
                 )
         return self.tokenizer.apply_chat_template(messages, **template_context)
 
-    def check_token_ids(self, ids: list[int]) -> list[int]:
+    def check_token_ids(self, ids: list[int], field: str = "prompt") -> list[int]:
         for tok in ids:
             if tok < 0 or tok >= self.vocab_size:
-                raise RequestRejected(
-                    f"token id {tok} is outside the vocabulary (0..{self.vocab_size - 1})"
+                raise FieldRejected(
+                    field,
+                    f"token id {tok} in {field} is outside the vocabulary "
+                    f"(0..{self.vocab_size - 1})",
                 )
         return ids
+
+    def max_tokens_for(self, prompt_len: int, asked: int | None, default: int | None) -> int:
+        """`asked` as it is (make_state refuses it over the remaining context, as OpenAI and
+        vLLM do: nothing is cut silently); unset, `default` (None: all of it) cut to the
+        context the prompt leaves."""
+        room = max(1, self.max_model_len - prompt_len)  # a prompt too long: make_state says so
+        if asked is not None:
+            return asked
+        return room if default is None else min(default, room)
 
     def build(self, request: gen_pb.GenerateRequest) -> RequestState:
         self.check_model(request.model)
         if len(request.request_id) > MAX_REQUEST_ID_LEN:
-            raise RequestRejected(f"request_id is longer than {MAX_REQUEST_ID_LEN} characters")
+            raise FieldRejected(
+                "request_id", f"request_id is longer than {MAX_REQUEST_ID_LEN} characters"
+            )
         params, stop = sampling_from_proto(request.sampling)
         validate_sampling_params(params)
-        self.check_token_ids(params.stop_token_ids)
-        if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_STRING_LEN for s in stop):
-            raise RequestRejected(
-                f"at most {MAX_STOP_STRINGS} stop strings of {MAX_STOP_STRING_LEN} characters"
-            )
+        self.check_token_ids(params.stop_token_ids, "stop_token_ids")
+        check_stop_strings(stop)
         if not math.isfinite(request.deadline_s) or request.deadline_s < 0:
-            raise RequestRejected("deadline_s must be a finite number of seconds >= 0")
+            raise FieldRejected("deadline_s", "deadline_s must be a finite number of seconds >= 0")
         prompt = self.prompt_from_proto(request)
+        asked = request.sampling.max_tokens if request.sampling.HasField("max_tokens") else None
+        params.max_tokens = self.max_tokens_for(len(prompt), asked, params.max_tokens)
         return self.make_state(
             request_id=request.request_id or uuid.uuid4().hex,
             prompt=prompt,
@@ -135,7 +174,7 @@ class Intake:
     def build_group(self, request: gen_pb.GenerateRequest) -> list[RequestState]:
         """The request's n samples (see siblings); one state for n = 0 or 1."""
         if request.n > MAX_CHOICES:
-            raise RequestRejected(f"n must be in [1, {MAX_CHOICES}]; got {request.n}")
+            raise FieldRejected("n", f"n must be in [1, {MAX_CHOICES}]; got {request.n}")
         first = self.build(request)
         _, stop = sampling_from_proto(request.sampling)
         return [first] + self.siblings(
@@ -185,21 +224,36 @@ class Intake:
         skip_special_tokens=True,
     ) -> RequestState:
         if not prompt:
-            raise RequestRejected("the prompt is empty after tokenization")
+            raise FieldRejected("prompt", "the prompt is empty after tokenization")
+        if len(prompt) >= self.max_model_len:
+            raise FieldRejected(
+                "prompt",
+                f"the prompt has {len(prompt)} tokens but max_model_len is {self.max_model_len}; "
+                "shorten the prompt",
+            )
+        room = self.max_model_len - len(prompt)
+        if isinstance(params.max_tokens, int) and params.max_tokens > room:
+            raise FieldRejected(
+                "max_tokens",
+                f"max_tokens is {params.max_tokens} but max_model_len {self.max_model_len} "
+                f"leaves {room} after the prompt's {len(prompt)} tokens; ask for at most {room}, "
+                "or leave max_tokens out to generate up to the remaining context",
+            )
+        min_tokens, max_tokens = params.min_tokens, params.max_tokens
+        if isinstance(min_tokens, int) and isinstance(max_tokens, int) and min_tokens > max_tokens:
+            raise FieldRejected(
+                "min_tokens",
+                f"min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})",
+            )
         validate_sampling_params(params)
         check_service_limits(params)
         self.check_structured(params)
         low, high = PRIORITY_RANGE
         if not low <= priority <= high:
-            raise RequestRejected(f"priority {priority} is outside [{low}, {high}]")
+            raise FieldRejected("priority", f"priority {priority} is outside [{low}, {high}]")
         if tenant is not None and (len(tenant) > MAX_TENANT_LEN or not tenant.isprintable()):
-            raise RequestRejected(
-                f"tenant must be printable and at most {MAX_TENANT_LEN} characters"
-            )
-        if len(prompt) >= self.max_model_len:
-            raise RequestRejected(
-                f"the prompt has {len(prompt)} tokens but max_model_len is {self.max_model_len}; "
-                "shorten the prompt"
+            raise FieldRejected(
+                "tenant", f"tenant must be printable and at most {MAX_TENANT_LEN} characters"
             )
         now = time.monotonic()
         return RequestState(

@@ -55,7 +55,7 @@ def create_app(ctx: HttpContext) -> FastAPI:
         redoc_url=None,
         openapi_url=None,
     )
-    install_error_handlers(app)
+    install_error_handlers(app, lambda: ctx.engine.observer.on_request_rejected("invalid"))
     if ctx.intake is not None:  # not on a scheduler whose front-ends run apart
         app.include_router(openai_router(ctx))
         app.include_router(tokenize_router(ctx))

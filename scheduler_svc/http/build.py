@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
+import json
 import uuid
 from dataclasses import replace
 
 from common.messages import StructuredOutput
-from scheduler_svc.core import RequestRejected, SamplingParams, validate_sampling_params
+from scheduler_svc.core import RequestRejected, SamplingParams
 from scheduler_svc.http.constraints import constraint
 from scheduler_svc.http.errors import OpenAIError
 from scheduler_svc.http.protocol import (
@@ -18,16 +18,9 @@ from scheduler_svc.http.protocol import (
 )
 from scheduler_svc.http.tool_prompt import template_inputs
 from scheduler_svc.http.tools import ToolPlan, tool_constraint, tool_plan
-from scheduler_svc.intake import (
-    MAX_CHOICES,
-    MAX_REQUEST_ID_LEN,
-    MAX_STOP_STRING_LEN,
-    MAX_STOP_STRINGS,
-    Intake,
-)
+from scheduler_svc.intake import MAX_CHOICES, Intake, check_stop_strings
 from scheduler_svc.request_state import RequestState
 
-MAX_LOGPROBS = 20
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
@@ -37,6 +30,18 @@ def check_model(intake: Intake, model: str | None) -> None:
         intake.check_model(model or "")
     except RequestRejected as exc:
         raise OpenAIError(404, str(exc), "model", "model_not_found") from exc
+
+
+def refused(exc: RequestRejected, renames: dict[str, str] | None = None) -> OpenAIError:
+    """The Intake's refusal as a 400 naming the field as this body spells it (`renames`: the
+    Intake's names, e.g. `prompt`, to this endpoint's, e.g. `messages`)."""
+    field = getattr(exc, "field", None)
+    if field is not None and renames:
+        field = renames.get(field, field)
+    message = str(exc)
+    if field is not None and field not in message:
+        message = f"{field}: {message}"
+    return OpenAIError(400, message, field, "invalid_request")
 
 
 def _common_checks(body: _SamplingBody) -> None:
@@ -51,41 +56,22 @@ def _common_checks(body: _SamplingBody) -> None:
         )
     if body.stream_options is not None and not body.stream:
         raise OpenAIError(400, "stream_options is only allowed with stream=true", "stream_options")
-    if body.deadline is not None and (not math.isfinite(body.deadline) or body.deadline < 0):
-        raise OpenAIError(400, "deadline must be a finite number of seconds >= 0", "deadline")
-    if body.request_id is not None and len(body.request_id) > MAX_REQUEST_ID_LEN:
-        raise OpenAIError(
-            400, f"request_id is longer than {MAX_REQUEST_ID_LEN} characters", "request_id"
-        )
 
 
 def _stop_strings(stop: str | list[str] | None) -> list[str]:
-    if stop is None:
-        return []
-    stops = [stop] if isinstance(stop, str) else list(stop)
-    if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_STRING_LEN for s in stops):
-        raise OpenAIError(
-            400,
-            f"at most {MAX_STOP_STRINGS} stop strings of {MAX_STOP_STRING_LEN} characters",
-            "stop",
-        )
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
+    check_stop_strings(stops)
     return stops
 
 
 def _sampling(body: _SamplingBody, max_tokens: int, logprobs: int | None) -> SamplingParams:
-    top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
-    if body.top_k is not None and body.top_k < -1:
-        raise OpenAIError(400, f"top_k must be -1 or 0 (off) or >= 1; got {body.top_k}", "top_k")
-    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
-        raise OpenAIError(
-            400, f"logprobs must be in [0, {MAX_LOGPROBS}]; got {logprobs}", "logprobs"
-        )
-    params = SamplingParams(
+    """The body's sampling values (their ranges: protocol.py; the rest: Intake.make_state)."""
+    return SamplingParams(
         max_tokens=max_tokens,
         min_tokens=body.min_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=top_k,
+        top_k=body.top_k if body.top_k is not None and body.top_k > 0 else 0,
         min_p=body.min_p,
         seed=body.seed,
         presence_penalty=body.presence_penalty,
@@ -95,8 +81,6 @@ def _sampling(body: _SamplingBody, max_tokens: int, logprobs: int | None) -> Sam
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
     )
-    validate_sampling_params(params)
-    return params
 
 
 def _state(
@@ -106,11 +90,11 @@ def _state(
     max_tokens: int,
     logprobs: int | None,
     request_id: str,
-    structured: StructuredOutput | None,
+    asked: tuple[str, StructuredOutput] | None,
 ) -> RequestState:
+    intake.check_token_ids(body.stop_token_ids, "stop_token_ids")
     params = _sampling(body, max_tokens, logprobs)
-    params.structured = structured
-    intake.check_token_ids(params.stop_token_ids)
+    params.structured = asked[1] if asked else None
     return intake.make_state(
         request_id=body.request_id or request_id,
         prompt=prompt,
@@ -155,59 +139,114 @@ def build_completion(intake: Intake, body: CompletionRequest) -> RequestState:
             raise OpenAIError(400, "best_of > n cannot be streamed", "best_of")
     if body.echo and body.logprobs is not None:
         raise OpenAIError(400, "echo with logprobs (prompt logprobs) is not supported", "echo")
+    asked = constraint(body)
     try:
         prompt = completion_prompt(intake, body.prompt)
-        max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+        max_tokens = intake.max_tokens_for(
+            len(prompt), body.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS
+        )
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        return _state(intake, body, prompt, max_tokens, body.logprobs, request_id, constraint(body))
+        return _state(intake, body, prompt, max_tokens, body.logprobs, request_id, asked)
     except RequestRejected as exc:
-        raise OpenAIError(400, str(exc), None, "invalid_request") from exc
+        raise refused(exc, {"structured": asked[0]} if asked else None) from exc
 
 
-def _text_content(i: int, m: ChatMessage) -> str:
+def _text_content(i: int, m: ChatMessage) -> str | None:
+    """The content as one string; None when there is none (no content, or no parts)."""
     if isinstance(m.content, list):
         texts = []
-        for part in m.content:
-            if part.type != "text" or part.text is None:
+        for j, part in enumerate(m.content):
+            if part.type != "text":
                 raise OpenAIError(
                     400,
                     f"messages[{i}]: content part of type {part.type!r} is not supported; "
                     "this server takes text only",
-                    f"messages.{i}.content",
+                    f"messages.{i}.content.{j}.type",
+                )
+            if part.text is None:
+                raise OpenAIError(
+                    400,
+                    f"messages[{i}]: a text part needs its text",
+                    f"messages.{i}.content.{j}.text",
                 )
             texts.append(part.text)
-        return "\n".join(texts)
-    if m.content is None and m.role != "assistant":
+        return "\n".join(texts) if texts else None
+    return m.content
+
+
+def _check_roles(i: int, m: ChatMessage, content: str | None, calls: set[str]) -> None:
+    """What each role must carry, as OpenAI's API requires it: content (an assistant may send
+    tool_calls instead), tool_calls only from the assistant, and tool_call_id only on, and on
+    every, tool message, naming a call an earlier assistant message made."""
+    if content is None and not (m.role == "assistant" and m.tool_calls):
+        needs = "content or tool_calls" if m.role == "assistant" else "content"
+        article = "an" if m.role == "assistant" else "a"
         raise OpenAIError(
             400,
-            f"messages[{i}]: a {m.role} message needs content (a string or text parts)",
+            f"messages[{i}]: {article} {m.role} message needs {needs} "
+            "(content: a string or text parts)",
             f"messages.{i}.content",
             "invalid_request",
         )
-    return m.content or ""
+    if m.tool_calls and m.role != "assistant":
+        raise OpenAIError(
+            400,
+            f"messages[{i}]: only an assistant message carries tool_calls",
+            f"messages.{i}.tool_calls",
+        )
+    if m.role != "tool":
+        if m.tool_call_id is not None:
+            raise OpenAIError(
+                400,
+                f"messages[{i}]: only a tool message carries tool_call_id",
+                f"messages.{i}.tool_call_id",
+            )
+        return
+    if m.tool_call_id is None:
+        raise OpenAIError(
+            400,
+            f"messages[{i}]: a tool message needs the tool_call_id of the call it answers",
+            f"messages.{i}.tool_call_id",
+        )
+    if m.tool_call_id not in calls:
+        raise OpenAIError(
+            400,
+            f"messages[{i}]: tool_call_id {m.tool_call_id!r} answers no tool call of an "
+            "earlier assistant message",
+            f"messages.{i}.tool_call_id",
+        )
 
 
 def chat_messages(body: ChatCompletionRequest) -> list[dict]:
     """The messages as a chat template takes them: content always a string, an assistant's
     `tool_calls` and a tool message's `tool_call_id` and `name` kept."""
+    if not body.messages:
+        raise OpenAIError(400, "messages is empty; send at least one message", "messages")
     messages = []
+    calls: set[str] = set()  # the ids of the tool calls made so far
     for i, m in enumerate(body.messages):
-        if m.tool_calls and m.role != "assistant":
-            raise OpenAIError(
-                400,
-                f"messages[{i}]: only an assistant message carries tool_calls",
-                f"messages.{i}.tool_calls",
-            )
+        content = _text_content(i, m)
+        _check_roles(i, m, content, calls)
         role = "system" if m.role == "developer" else m.role
-        message: dict = {"role": role, "content": _text_content(i, m)}
+        message: dict = {"role": role, "content": content or ""}
         if m.tool_calls:
             message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
+            calls.update(call.id for call in m.tool_calls)
         if m.tool_call_id is not None:
             message["tool_call_id"] = m.tool_call_id
         if m.name is not None:
             message["name"] = m.name
         messages.append(message)
     return messages
+
+
+def check_tool_parameters(intake: Intake, plan: ToolPlan | None) -> None:
+    """Each tool's parameters compile as a JSON schema (OpenAI refuses an invalid one too),
+    whether or not the choice constrains the output to them."""
+    for i, tool in enumerate(plan.tools if plan is not None else ()):
+        if tool.function.parameters is not None:
+            schema = StructuredOutput("json_schema", json.dumps(tool.function.parameters))
+            intake.check_constraint(schema, f"tools.{i}.function.parameters")
 
 
 def build_chat(
@@ -224,27 +263,26 @@ def build_chat(
             raise OpenAIError(
                 400, "max_tokens and max_completion_tokens differ; send one", "max_tokens"
             )
-    structured = tool_constraint(tools, constraint(body, body.response_format))
+    asked = tool_constraint(tools, constraint(body, body.response_format))
+    renames = {"prompt": "messages"}
+    if body.max_completion_tokens is not None:
+        renames["max_tokens"] = "max_completion_tokens"
+    if asked is not None:
+        renames["structured"] = asked[0]
+    messages = chat_messages(body)
     template = getattr(intake.tokenizer, "chat_template", None)
-    messages, context = template_inputs(chat_messages(body), tools, template)
     try:
+        check_tool_parameters(intake, tools)
+        messages, context = template_inputs(messages, tools, template)
         prompt = render_prompt(intake, messages, context)
         max_tokens = body.max_completion_tokens
         if max_tokens is None:
             max_tokens = body.max_tokens
-        if max_tokens is None:  # as much as fits
-            max_tokens = max(1, intake.max_model_len - len(prompt))
-        return _state(
-            intake,
-            body,
-            prompt,
-            max_tokens,
-            logprobs,
-            f"chatcmpl-{uuid.uuid4().hex}",
-            structured,
-        )
+        max_tokens = intake.max_tokens_for(len(prompt), max_tokens, None)  # None: all that fits
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        return _state(intake, body, prompt, max_tokens, logprobs, request_id, asked)
     except RequestRejected as exc:
-        raise OpenAIError(400, str(exc), None, "invalid_request") from exc
+        raise refused(exc, renames) from exc
 
 
 def render_prompt(intake: Intake, messages: list[dict], context: dict) -> list[int]:

@@ -37,35 +37,47 @@ def _spec(kind: str, value: Any, param: str) -> StructuredOutput:
     return StructuredOutput(kind, value)
 
 
-def _response_format(fmt: dict[str, Any]) -> StructuredOutput | None:
+def _response_format(fmt: dict[str, Any]) -> tuple[str, StructuredOutput] | None:
     kind = fmt.get("type", "text")
     if kind == "text":
         return None
     if kind == "json_object":
-        return StructuredOutput("json_object")
+        return "response_format", StructuredOutput("json_object")
     if kind == "json_schema":
         spec = fmt.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        if not isinstance(spec, dict):
             raise OpenAIError(
                 400,
                 'response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}',
-                "response_format",
+                "response_format.json_schema",
             )
-        return StructuredOutput("json_schema", json.dumps(spec.get("schema", {})))
+        schema = spec.get("schema", {})
+        if not isinstance(schema, dict):
+            raise OpenAIError(
+                400,
+                "response_format.json_schema.schema must be a JSON schema (an object)",
+                "response_format.json_schema.schema",
+            )
+        return "response_format.json_schema.schema", StructuredOutput(
+            "json_schema", json.dumps(schema)
+        )
     raise OpenAIError(
         400,
         f"response_format {kind!r} is not supported; use text, json_object or json_schema",
-        "response_format",
+        "response_format.type",
     )
 
 
-def constraint(body, response_format: dict[str, Any] | None = None) -> StructuredOutput | None:
-    """The body's one constraint (None: unconstrained); two at once is a 400."""
+def constraint(
+    body, response_format: dict[str, Any] | None = None
+) -> tuple[str, StructuredOutput] | None:
+    """The body's one constraint and the field that asked for it, the error's param when it
+    does not compile (None: unconstrained); two at once is a 400."""
     found: list[tuple[str, StructuredOutput]] = []
     if response_format:
         fmt = _response_format(response_format)
         if fmt is not None:
-            found.append(("response_format", fmt))
+            found.append(fmt)
     for field, kind in GUIDED.items():
         value = getattr(body, field)
         if value is not None:
@@ -80,10 +92,14 @@ def constraint(body, response_format: dict[str, Any] | None = None) -> Structure
                 f"{', '.join(STRUCTURED_KEYS)}; got {', '.join(sorted(body.structured_outputs))}",
                 "structured_outputs",
             )
+        param = f"structured_outputs.{keys[0]}"
         kind = STRUCTURED_KEYS[keys[0]]
-        value = body.structured_outputs[keys[0]]
-        found.append(("structured_outputs", _spec(kind, value, f"structured_outputs.{keys[0]}")))
+        found.append((param, _spec(kind, body.structured_outputs[keys[0]], param)))
     if len(found) > 1:
-        names = ", ".join(name for name, _ in found)
-        raise OpenAIError(400, f"ask for one output constraint, not several ({names})", found[1][0])
-    return found[0][1] if found else None
+        names = ", ".join(name.split(".")[0] for name, _ in found)
+        raise OpenAIError(
+            400,
+            f"ask for one output constraint, not several ({names})",
+            found[1][0].split(".")[0],
+        )
+    return found[0] if found else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -100,27 +102,58 @@ def error_response(
     return JSONResponse(error_body(status, message, param, code), status_code=status)
 
 
+UNION_TAGS = {"str", "int", "float", "bool", "none"}
+
+
+def _param(loc) -> str | None:
+    """A pydantic error location as OpenAI's `param` ("messages.0.content"): without `body`
+    and without the union member a value was tried as (`str`, `list[TextPart]`...)."""
+    parts = [
+        str(x)
+        for x in loc
+        if x != "body" and not (isinstance(x, str) and (x in UNION_TAGS or "[" in x))
+    ]
+    return ".".join(parts) or None
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """A sentence per error (three at most) and the param: the deepest location, since of the
+    union members a value was tried as, the one that fits its shape gets furthest in."""
     errors = exc.errors()
     if not errors:
         return "the request body is not valid", None
-    parts, first_param = [], None
-    for err in errors[:3]:
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        param = ".".join(loc) or None
-        first_param = first_param or param
+    if any(err.get("type") == "json_invalid" for err in errors):
+        return "the request body is not valid JSON", None
+    found: list[tuple[str | None, str]] = []
+    for err in errors:
+        param = _param(err.get("loc", ()))
         msg = err.get("msg", "is not valid")
         if err.get("type") == "extra_forbidden":
             msg = "is not a parameter this server knows (check its spelling)"
-        elif err.get("type") == "json_invalid":
-            msg = "the request body is not valid JSON"
-            param = None
-        parts.append(f"{param}: {msg}" if param else msg)
-    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-    return "; ".join(parts) + more, first_param
+        elif param is None:  # the body itself
+            msg = (
+                "the request body is empty; send a JSON object"
+                if err.get("type") == "missing"
+                else "the request body must be a JSON object"
+            )
+        if (param, msg) not in found:
+            found.append((param, msg))
+    deepest = max(found, key=lambda f: len(f[0].split(".")) if f[0] else 0)
+    found.remove(deepest)
+    found.insert(0, deepest)
+    parts = [f"{param}: {msg}" if param else msg for param, msg in found[:3]]
+    more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+    return "; ".join(parts) + more, deepest[0]
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, on_invalid: Callable[[], None] | None = None) -> None:
+    """`on_invalid`: called for each body refused before a route runs (not JSON, wrong types or
+    ranges), as the routes count their own refusals."""
+
+    def invalid() -> None:
+        if on_invalid is not None:
+            on_invalid()
+
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
         response = error_response(exc.status, exc.message, exc.param, exc.code)
@@ -130,6 +163,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        invalid()
         message, param = _validation_message(exc)
         return error_response(400, message, param, "invalid_request")
 
@@ -145,6 +179,10 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_response(
                 405, f"{request.method} is not allowed on {request.url.path}", None
             )
+        if exc.status_code == 400:  # FastAPI could not read the body (e.g. not UTF-8)
+            invalid()
+            message = f"the request body is not valid JSON in UTF-8 ({exc.detail})"
+            return error_response(400, message, None)
         return error_response(exc.status_code, str(exc.detail), None)
 
     @app.exception_handler(Exception)

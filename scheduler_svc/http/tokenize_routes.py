@@ -7,13 +7,19 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from scheduler_svc.core import RequestRejected
-from scheduler_svc.http.build import chat_messages, check_model, render_prompt
+from scheduler_svc.http.build import (
+    chat_messages,
+    check_model,
+    check_tool_parameters,
+    refused,
+    render_prompt,
+)
 from scheduler_svc.http.context import HttpContext
 from scheduler_svc.http.errors import OpenAIError
-from scheduler_svc.http.protocol import ChatMessage, ToolDefinition
+from scheduler_svc.http.protocol import STRICT, ChatMessage, ToolDefinition
 from scheduler_svc.http.tool_prompt import template_inputs
 from scheduler_svc.http.tools import tool_plan
 
@@ -23,9 +29,9 @@ MAX_TOKENIZE_CHARS = 1_000_000
 class TokenizeRequest(BaseModel):
     """One of `prompt` (completion style) or `messages` (chat style)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     model: str | None = None
-    prompt: str | None = None
+    prompt: str | None = Field(None, max_length=MAX_TOKENIZE_CHARS)
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
     add_generation_prompt: bool = True
@@ -34,7 +40,7 @@ class TokenizeRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     model: str | None = None
     tokens: list[int]
 
@@ -59,10 +65,6 @@ def tokenize_router(ctx: HttpContext) -> APIRouter:
         if (body.prompt is None) == (body.messages is None):
             raise OpenAIError(400, "send either prompt or messages", "prompt")
         if body.prompt is not None:
-            if len(body.prompt) > MAX_TOKENIZE_CHARS:
-                raise OpenAIError(
-                    400, f"the prompt is longer than {MAX_TOKENIZE_CHARS} characters", "prompt"
-                )
             add_special = True if body.add_special_tokens is None else body.add_special_tokens
             tokens = intake.tokenizer.encode(body.prompt, add_special_tokens=add_special)
         else:
@@ -80,9 +82,9 @@ def tokenize_router(ctx: HttpContext) -> APIRouter:
     async def detokenize(body: DetokenizeRequest) -> dict:
         check_model(intake, body.model)
         try:
-            intake.check_token_ids(body.tokens)
+            intake.check_token_ids(body.tokens, "tokens")
         except RequestRejected as exc:
-            raise OpenAIError(400, str(exc), "tokens") from exc
+            raise refused(exc) from exc
         return {"prompt": intake.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
     return router
@@ -91,14 +93,16 @@ def tokenize_router(ctx: HttpContext) -> APIRouter:
 def _chat_tokens(intake, body: TokenizeRequest) -> list[int]:
     chat = _ChatView(messages=body.messages or [], tools=body.tools)
     plan = tool_plan(chat)
+    messages = chat_messages(chat)
     template = getattr(intake.tokenizer, "chat_template", None)
-    messages, context = template_inputs(chat_messages(chat), plan, template)
     try:
+        check_tool_parameters(intake, plan)
+        messages, context = template_inputs(messages, plan, template)
         tokens = render_prompt(
             intake, messages, dict(context, add_generation_prompt=body.add_generation_prompt)
         )
     except RequestRejected as exc:
-        raise OpenAIError(400, str(exc), "messages") from exc
+        raise refused(exc) from exc
     if body.add_special_tokens:  # the template writes its own; a BOS on top, if asked
         bos = intake.tokenizer.bos_token_id
         if bos is not None and tokens[:1] != [bos]:

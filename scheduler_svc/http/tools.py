@@ -69,16 +69,17 @@ def tool_plan(body: ChatCompletionRequest) -> ToolPlan | None:
 
 
 def tool_constraint(
-    plan: ToolPlan | None, structured: StructuredOutput | None
-) -> StructuredOutput | None:
-    """The request's one output constraint: the plan's, or the body's other one."""
+    plan: ToolPlan | None, asked: tuple[str, StructuredOutput] | None
+) -> tuple[str, StructuredOutput] | None:
+    """The request's one output constraint and the field it comes from: the plan's (`tools`),
+    or the body's other one (`asked`, from http/constraints.py)."""
     if plan is None or plan.choice == "none":
-        return structured
-    if plan.choice == "auto" and structured is not None:
+        return asked
+    if plan.choice == "auto" and asked is not None:
         # as vLLM: the answer follows the body's format, and calls are still read out of it
         # (the OpenAI Agents SDK sends tools with a response_format on every turn)
-        return structured
-    if structured is not None:
+        return asked
+    if asked is not None:
         raise OpenAIError(
             400,
             f"tool_choice {plan.choice!r} cannot be combined with an output constraint "
@@ -86,7 +87,8 @@ def tool_constraint(
             "call a tool; send tool_choice 'none' or leave the constraint out",
             "tool_choice",
         )
-    return plan.constraint()
+    constraint = plan.constraint()
+    return None if constraint is None else ("tools", constraint)
 
 
 def _check_tools(tools: tuple[ToolDefinition, ...]) -> None:

@@ -1,11 +1,14 @@
 """A corpus of hostile and broken input over gRPC and HTTP. Each case gets the documented
-status and a sentence; afterwards the service still serves and no KV block is held."""
+status and a sentence; afterwards the service still serves and no KV block is held. The HTTP
+bodies are in malformed_bodies.jsonl: each a 400 (404 for an unknown model) in OpenAI's error
+shape, naming the field at fault."""
 
 from __future__ import annotations
 
 import json
 import math
 import time
+from pathlib import Path
 
 import grpc
 import httpx
@@ -45,9 +48,8 @@ def system(tmp_path_factory):
     c.stop_all()
 
 
-def assert_healthy(client: SplitserveClient) -> None:
-    result = client.generate(token_ids=[11, 12, 13], max_tokens=2, ignore_eos=True)
-    assert result.finish_reason == "length"
+def wait_idle(client: SplitserveClient) -> None:
+    """Nothing in flight and every worker's KV blocks free again."""
     deadline = time.monotonic() + 10
     while True:
         info = client.server_info()
@@ -56,6 +58,12 @@ def assert_healthy(client: SplitserveClient) -> None:
             return
         assert time.monotonic() < deadline, f"blocks held or requests stuck: {info}"
         time.sleep(0.02)
+
+
+def assert_healthy(client: SplitserveClient) -> None:
+    result = client.generate(token_ids=[11, 12, 13], max_tokens=2, ignore_eos=True)
+    assert result.finish_reason == "length"
+    wait_idle(client)
 
 
 GRPC_CASES = [
@@ -70,6 +78,13 @@ GRPC_CASES = [
     ("token id 2^40", dict(token_ids=[2**40]), INVALID, "vocabulary"),
     ("max_tokens 0", dict(prompt="hi", max_tokens=0), INVALID, "max_tokens"),
     ("max_tokens -5", dict(prompt="hi", max_tokens=-5), INVALID, "max_tokens"),
+    (
+        "max_tokens over the remaining context",
+        dict(token_ids=[5] * (MAX_LEN - 4), max_tokens=5),
+        INVALID,
+        "max_tokens",
+    ),
+    ("max_tokens 2^31-1", dict(prompt="hi", max_tokens=2**31 - 1), INVALID, "max_tokens"),
     ("min_tokens -1", dict(prompt="hi", min_tokens=-1), INVALID, "min_tokens"),
     ("min_tokens > max", dict(prompt="hi", max_tokens=2, min_tokens=5), INVALID, "min_tokens"),
     ("temperature NaN", dict(prompt="hi", temperature=math.nan), INVALID, "temperature"),
@@ -181,65 +196,103 @@ def test_abort_unknown_and_finished_ids(system):
     assert_healthy(client)
 
 
-HI = [{"role": "user", "content": "hi"}]
-F = {"name": "f"}
-TOOL = {"type": "function", "function": F}
-BAD_NAME = {"type": "function", "function": {"name": "no spaces please"}}
-OTHER = {"type": "function", "function": {"name": "g"}}
-WITH_TOOL = {"messages": HI, "tools": [TOOL]}
-CALLS = {"content": "x", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]}
-
-HTTP_CASES = [
-    ("/v1/completions", b"{not json", 400, "json"),
-    ("/v1/completions", b'\xff\xfe{"prompt": 1}', 400, ""),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": "many"}, 400, "max_tokens"),
-    ("/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
-    ("/v1/completions", {"prompt": "hi", "top_p": 2}, 400, "top_p"),
-    ("/v1/completions", {"prompt": "hi", "n": 17}, 400, "n must be in [1, 16]"),
-    ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "n must be in [1, 16]"),
-    ("/v1/completions", {"prompt": "hi", "n": 2, "best_of": 1}, 400, "best_of"),
-    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 400, "needs content"),
-    ("/v1/completions", {"prompt": ""}, 400, "empty"),
-    ("/v1/completions", {"prompt": [5] * (MAX_LEN + 1)}, 400, "max_model_len"),
-    ("/v1/completions", {"prompt": [VOCAB + 5]}, 400, "vocabulary"),
-    ("/v1/completions", {"prompt": "hi", "model": "gpt-17"}, 404, "model"),
-    ("/v1/completions", {"prompt": "hi", "frobnicate": True}, 400, "frobnicate"),
-    ("/v1/completions", {"prompt": "hi", "tenant": "mallory"}, 400, "tenant"),
-    ("/v1/completions", {"prompt": "hi", "priority": 10**12}, 400, "priority"),
-    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
-    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
-    ("/v1/chat/completions", {"messages": "hello"}, 400, "messages"),
-    ("/v1/chat/completions", {"messages": HI, "tools": [{"type": "function"}]}, 400, "tools.0"),
-    ("/v1/chat/completions", {"messages": HI, "tools": [{"function": F}]}, 400, "tools.0.type"),
-    ("/v1/chat/completions", {"messages": HI, "tools": "all"}, 400, "tools"),
-    ("/v1/chat/completions", {"messages": HI, "tools": [BAD_NAME]}, 400, "letters"),
-    ("/v1/chat/completions", {"messages": HI, "tools": [TOOL, TOOL]}, 400, "twice"),
-    ("/v1/chat/completions", {"messages": HI, "tool_choice": "required"}, 400, "needs tools"),
-    ("/v1/chat/completions", {**WITH_TOOL, "tool_choice": 7}, 400, "tool_choice"),
-    ("/v1/chat/completions", {**WITH_TOOL, "tool_choice": OTHER}, 400, "not in"),
-    (
-        "/v1/chat/completions",
-        {**WITH_TOOL, "tool_choice": "required", "guided_regex": "a"},
-        400,
-        "combined",
-    ),
-    ("/tokenize", {"prompt": "hi", "messages": HI}, 400, "either prompt or messages"),
-    ("/detokenize", {"tokens": [VOCAB + 5]}, 400, "vocabulary"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", **CALLS}]}, 400, "assistant"),
-    ("/v1/nope", {"prompt": "hi"}, 404, "route"),
-]
+CORPUS = Path(__file__).with_name("malformed_bodies.jsonl")
 
 
-@pytest.mark.parametrize(
-    "path,body,status,needle", HTTP_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(HTTP_CASES)]
-)
-def test_http_bad_input(system, path, body, status, needle):
-    _, client, base = system
-    content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    response = httpx.post(
-        base + path, content=content, headers={"content-type": "application/json"}, timeout=30
-    )
+def load_corpus() -> list[dict]:
+    """malformed_bodies.jsonl: one case a line, `#` lines are comments (its header says what
+    each field means and how `raw` bytes are written)."""
+    lines = CORPUS.read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip() and not line.startswith("#")]
+
+
+def body_bytes(case: dict) -> bytes:
+    if "raw" in case:
+        return case["raw"].encode("latin-1")  # one character per byte
+    return json.dumps(case["body"]).encode()
+
+
+def assert_openai_error(response: httpx.Response, status: int, param: str | None) -> dict:
+    """Exactly OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
     assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert error["message"] and needle.lower() in error["message"].lower(), error
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"].strip(), error
+    assert error["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+    assert error["code"] is None or isinstance(error["code"], str), error  # never a number
+    assert error["param"] == param, error
+    return error
+
+
+def post(base: str, path: str, content: bytes) -> httpx.Response:
+    headers = {"content-type": "application/json"}
+    return httpx.post(base + path, content=content, headers=headers, timeout=30)
+
+
+CASES = load_corpus()
+
+
+def test_the_corpus_holds_100_distinct_malformed_bodies():
+    bodies = {(c["endpoint"], body_bytes(c)) for c in CASES}
+    assert len(bodies) == len(CASES) >= 100
+    assert {c["endpoint"] for c in CASES} == {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/tokenize",
+        "/detokenize",
+    }
+    assert all(c["status"] in (400, 404) and c["why"] for c in CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{i:03d}-{c['why']}" for i, c in enumerate(CASES)])
+def test_a_malformed_body_is_refused_and_the_next_request_is_served(system, case):
+    _, client, base = system
+    response = post(base, case["endpoint"], body_bytes(case))
+    error = assert_openai_error(response, case["status"], case["param"])
+    if "says" in case:
+        assert case["says"].lower() in error["message"].lower(), error
+    wait_idle(client)  # refused before anything was queued
+    tiny = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    served = post(base, "/v1/chat/completions", json.dumps(tiny).encode())
+    assert served.status_code == 200, served.text
+    assert served.json()["usage"]["completion_tokens"] == 1
+
+
+def test_an_unknown_route_gets_an_openai_error(system):
+    _, client, base = system
+    error = assert_openai_error(post(base, "/v1/nope", b'{"prompt": "hi"}'), 404, None)
+    assert "route" in error["message"]
+
+
+def test_an_unknown_tenant_is_refused(system):
+    """Refused by admission control when submitted (so not in the corpus, whose param it
+    does not name yet), before anything is queued."""
+    _, client, base = system
+    response = post(base, "/v1/completions", b'{"prompt": "hi", "tenant": "mallory"}')
+    assert response.status_code == 400 and "tenant" in response.json()["error"]["message"]
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+    assert_healthy(client)
+
+
+def test_without_max_tokens_a_request_runs_to_the_remaining_context(system):
+    """As OpenAI and vLLM: a chat runs to max_model_len; a completion's default of 16 tokens
+    and a gRPC request's are cut to what the prompt leaves (refused only when asked for)."""
+    _, client, base = system
+    chat = {"messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}
+    usage = post(base, "/v1/chat/completions", json.dumps(chat).encode()).json()["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == MAX_LEN
+    long_prompt = [5] * (MAX_LEN - 4)
+    completion = {"prompt": long_prompt, "ignore_eos": True}
+    response = post(base, "/v1/completions", json.dumps(completion).encode())
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 4
+    result = client.generate(token_ids=long_prompt, ignore_eos=True)
+    assert result.finish_reason == "length" and len(result.token_ids) == 4
+    wait_idle(client)
+
+
+def test_after_the_corpus_nothing_is_queued_or_held(system):
+    _, client, _ = system
     assert_healthy(client)

@@ -149,11 +149,16 @@ def conversation() -> list[dict]:
         "type": "function",
         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
     }
+    clock = {
+        "id": "call_2",
+        "type": "function",
+        "function": {"name": "get_time", "arguments": "{}"},
+    }
     request = ChatCompletionRequest(
         messages=[
             {"role": "system", "content": "Be brief."},
             *USER,
-            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "assistant", "content": None, "tool_calls": [call, clock]},
             {"role": "tool", "tool_call_id": "call_1", "content": "21 C"},
             {"role": "tool", "tool_call_id": "call_2", "name": "get_time", "content": "noon"},
         ],
@@ -173,7 +178,8 @@ def test_a_template_without_tools_gets_them_in_the_system_message_hermes_style()
     assert system.startswith("Be brief.\n\n# Tools")
     assert json.dumps(plan.shown()[0]) in system and "<tool_call>" in system
     assert rendered[2]["content"] == (
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
     )
     results = rendered[3]["content"].split("\n</tool_response>\n")
     assert json.loads(results[0].removeprefix("<tool_response>\n")) == {
