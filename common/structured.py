@@ -19,6 +19,12 @@ MAX_SPEC_CHARS = 64 * 1024
 MAX_CHOICES = 256
 
 
+# Whitespace between JSON tokens: enough for compact, spaced and indented layouts, but bounded.
+# Unbounded (the engine's default), a sampled small model can emit whitespace until its tokens
+# run out and never close the document.
+JSON_LAYOUT = {"whitespace_pattern": r"[\n\t ]{0,20}"}
+
+
 class InvalidConstraint(ValueError):
     """The constraint cannot be compiled; the message says why."""
 
@@ -34,7 +40,7 @@ def grammar(structured: StructuredOutput) -> str:
     if len(spec) > MAX_SPEC_CHARS:
         raise InvalidConstraint(f"the {kind} is longer than {MAX_SPEC_CHARS} characters")
     if kind == "json_object":
-        return LLMatcher.grammar_from_json_schema({"type": "object"})
+        return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_LAYOUT)
     if kind == "json_schema":
         try:
             schema = json.loads(spec)
@@ -42,7 +48,7 @@ def grammar(structured: StructuredOutput) -> str:
             raise InvalidConstraint(f"the JSON schema is not valid JSON: {exc}") from None
         if not isinstance(schema, dict):
             raise InvalidConstraint("the JSON schema must be a JSON object")
-        return LLMatcher.grammar_from_json_schema(schema)
+        return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
     if kind == "regex":
         return LLMatcher.grammar_from_regex(spec)
     if kind == "choice":

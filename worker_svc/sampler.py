@@ -5,10 +5,12 @@ min-p -> top-k / top-p -> sample. Logprobs stay the model's raw distribution for
 constrained one included; the grammar mask (tokens it disallows at -inf) comes before everything
 that picks a token, so greedy and every sampling setting respect it.
 
-Sampling is the exponential race `argmax(probs / q)`, q ~ Exp(1), which draws from `probs`
-exactly; a row with a seed draws its q from its own torch.Generator, so what it samples depends
-only on its logits and its seed, never on its batch neighbours. An all-greedy batch takes one
-argmax and nothing else.
+Sampling inverts each row's cumulative distribution at one uniform draw, which draws from
+`probs` exactly; a row with a seed draws its uniform from its own torch.Generator, so what it
+samples depends only on its logits and its seed, never on its batch neighbours. One random number
+per row: the exponential race `argmax(probs / q)` that GPU samplers use to avoid a host sync
+needs one per vocabulary entry, and on a CPU drawing those costs more than the forward pass. An
+all-greedy batch takes one argmax and nothing else.
 """
 
 from __future__ import annotations
@@ -114,15 +116,28 @@ class Sampler:
         if meta.top_k is not None or meta.top_p is not None:
             logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
         probs = torch.softmax(logits, dim=-1)
-        q = torch.empty_like(probs)
-        q.exponential_(generator=self.generator)
-        for row, gen in meta.generators.items():
-            q[row].exponential_(generator=gen)
-        q.clamp_min_(torch.finfo(q.dtype).tiny)  # a 0 draw would make 0/0 for a dropped token
-        tokens = _argmax(probs.div_(q))
+        tokens = _inverse_cdf(probs, self._uniforms(len(probs), meta.generators))
         if greedy_tokens is not None:
             tokens = torch.where(greedy, greedy_tokens, tokens)
         return tokens
+
+    def _uniforms(self, rows: int, generators: dict[int, torch.Generator]) -> torch.Tensor:
+        """One U[0, 1) draw per row: the seeded rows' from their own generators."""
+        shared = self.generator
+        u = torch.rand(rows, dtype=torch.float64, generator=shared, device=shared.device)
+        for row, gen in generators.items():
+            u[row] = torch.rand(1, dtype=torch.float64, generator=gen, device=gen.device)[0]
+        return u
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row, the first token whose cumulative probability reaches (1 - u) of the row's
+    total: a point strictly inside the mass, so a token of probability 0 (filtered, masked) is
+    never picked, the first one included. In float64, so that tokens of tiny probability keep
+    their share of the sum."""
+    cdf = probs.to(torch.float64).cumsum_(dim=-1)
+    targets = (1.0 - u.to(cdf.device)).unsqueeze(1) * cdf[:, -1:]
+    return torch.searchsorted(cdf, targets).squeeze(1).clamp_max_(probs.shape[1] - 1)
 
 
 def _argmax(x: torch.Tensor) -> torch.Tensor:
