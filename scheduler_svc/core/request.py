@@ -14,6 +14,7 @@ class FinishReason(enum.StrEnum):
     LENGTH = "length"  # max_tokens or max_model_len reached
     ABORT = "abort"  # client cancelled or aborted
     ERROR = "error"  # failed (e.g. too many migrations)
+    SHED = "shed"  # could no longer make its deadline: ended early (--shed-hopeless)
 
 
 class RequestStatus(enum.Enum):

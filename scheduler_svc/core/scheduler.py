@@ -96,6 +96,8 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         self._num_aborted = 0
         self._num_swap_outs = 0
         self._num_swap_ins = 0
+        self._num_shed = 0
+        self._shed: list[Request] = []  # ended by _shed_hopeless, not yet taken by take_shed()
 
     # ---- requests --------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -129,6 +131,11 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         self._num_aborted += 1
         return True
 
+    def take_shed(self) -> list[Request]:
+        """Requests ended with FinishReason.SHED since the last call (their clients must hear)."""
+        shed, self._shed = self._shed, []
+        return shed
+
     def get_request(self, request_id: str) -> Request | None:
         """An unfinished request (running, swapped or waiting) by id."""
         req = self._running_by_id.get(request_id)
@@ -153,6 +160,7 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         self._num_steps += 1
         if self.policy.aging and self.policy.refresh(self.policy.clock()):
             self.waiting.reorder()
+        self._shed_hopeless()
 
         self._schedule_running(step)
         if not step.preempted:  # no admission in a step that preempted
@@ -184,6 +192,20 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
             if len(inflight) > MAX_STEPS_IN_FLIGHT:  # outputs that never came back
                 del inflight[min(inflight)]
         return out
+
+    def _shed_hopeless(self) -> None:
+        """End the waiting requests the policy calls hopeless (they cannot meet their targets
+        any more) at once, as an abort would, with FinishReason.SHED."""
+        for req in self.policy.hopeless_waiting():
+            rid = req.request_id
+            if self.waiting.remove(rid) is None:
+                continue  # not in a queue this scheduler can take it from
+            req.status = RequestStatus.FINISHED
+            req.finish_reason = FinishReason.SHED
+            self._finished_pending.add(rid)
+            self._worker_known.discard(rid)
+            self._num_shed += 1
+            self._shed.append(req)
 
     def _schedule_running(self, step: StepState) -> None:
         running = self.running
@@ -378,6 +400,7 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
             num_scheduled_tokens=self._num_prefill_tokens + self._num_decode_tokens,
             num_finished=self._num_finished,
             num_aborted=self._num_aborted,
+            num_shed=self._num_shed,
             num_swapped=len(self.swapped),
             num_swap_outs=self._num_swap_outs,
             num_swap_ins=self._num_swap_ins,

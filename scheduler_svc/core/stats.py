@@ -25,6 +25,7 @@ class SchedulerStats:
     num_scheduled_tokens: int = 0  # prefill + decode
     num_finished: int = 0  # finished by a stop condition or length
     num_aborted: int = 0
+    num_shed: int = 0  # ended early: could no longer make their deadlines
     num_swapped: int = 0  # requests whose KV is swapped out to host blocks now
     num_swap_outs: int = 0  # preemptions that swapped (total)
     num_swap_ins: int = 0

@@ -88,7 +88,7 @@ class RequestRecord:
     first_token: float | None = None
     finish: float | None = None
     num_output: int = 0
-    refused: str | None = None  # "invalid" | "slo" | "thrash"
+    refused: str | None = None  # "invalid" | "slo" | "thrash" | "shed" (hopeless, ended early)
     refused_reason: str = ""
     preemptions: int = 0
 
@@ -203,6 +203,14 @@ class Simulator:
         self._queued[tr.tenant] = self._queued.get(tr.tenant, 0) + 1
         self._requests[tr.request_id] = request
 
+    def _shed(self, request: Request) -> None:
+        rec = self.records[request.request_id]
+        rec.refused = "shed"
+        rec.refused_reason = "could no longer make its deadline"
+        self._in_system[rec.tenant] -= 1
+        if request.num_cached_tokens < 0:  # never admitted: still counted as queued
+            self._queued[rec.tenant] -= 1
+
     # -- steps ------------------------------------------------------------------------------
     def _complete(self, sched: Scheduler, out: SchedulerOutput, step_s: float, res) -> None:
         sampled = {}
@@ -249,6 +257,8 @@ class Simulator:
                 if w in pending or not sched.has_unfinished_requests():
                     continue
                 out = sched.schedule()
+                for shed in sched.take_shed():
+                    self._shed(shed)
                 if not (
                     out.total_num_scheduled_tokens
                     or out.blocks_to_swap_out

@@ -8,15 +8,18 @@ Importing this package registers them by name:
   (sjf) or priority levels (priority) per second waited, so nothing starves.
 - ``fair``: weighted fair share of computed tokens across tenants (``weights``).
 - ``deadline``: earliest deadline first; requests that can no longer meet theirs are demoted.
+- ``goodput``: the most requests within their deadlines (predicted work, feasible-set EDF).
 """
 
 from scheduler_svc.core.policies.deadline import DeadlinePolicy
 from scheduler_svc.core.policies.fair import FairSharePolicy, TenantFairQueue
+from scheduler_svc.core.policies.goodput import GoodputPolicy
 from scheduler_svc.core.policies.ordering import PriorityAgingPolicy, SJFAgingPolicy, SJFPolicy
 
 __all__ = [
     "DeadlinePolicy",
     "FairSharePolicy",
+    "GoodputPolicy",
     "PriorityAgingPolicy",
     "SJFAgingPolicy",
     "SJFPolicy",

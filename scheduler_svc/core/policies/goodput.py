@@ -1,0 +1,210 @@
+"""Goodput: serve so that as many requests as possible finish within their deadlines.
+
+Every step (``refresh``) the policy re-plans over the requests it knows, waiting and running,
+with their predicted remaining work (core/remaining_work.py):
+
+- **hopeless**: even alone it would finish after its deadline. It can no longer count.
+- **the feasible set**: the others in earliest-deadline order, each adding its worker time
+  (shared by ``num_workers``); when one would finish late, the request with the most work so
+  far is rejected, the one whose removal gives the most time back (Moore and Hodgson's rule,
+  which maximises the number of jobs on time on one machine).
+- **rejected** and hopeless requests are demoted behind the feasible set, with the requests
+  that have no deadline, oldest first (best effort). A request that has waited ``max_wait_s``
+  joins the feasible set's order as if due then, so nothing waits much longer than that.
+- ``shed_hopeless``: hopeless requests still waiting are ended at once instead
+  (FinishReason.SHED, see ``Scheduler._shed_hopeless``), so their clients hear early.
+
+Victims of preemption: first a request outside the feasible set (its loss costs no met
+deadline), then one that would still make its deadline after recomputing (most slack first),
+last one that would miss it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scheduler_svc.core.policy import SchedulingPolicy, register_policy
+from scheduler_svc.core.remaining_work import (
+    OutputLengthPredictor,
+    ServiceCosts,
+    latency_s,
+    work_s,
+)
+from scheduler_svc.core.request import Request, RequestStatus
+
+_WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED)
+_FEASIBLE, _DEMOTED = 0, 1
+
+
+@dataclass(slots=True)
+class GoodputPlan:
+    """The last re-plan: request ids in the feasible set, rejected from it, hopeless, aged."""
+
+    feasible: frozenset[str] = frozenset()
+    rejected: frozenset[str] = frozenset()
+    hopeless: frozenset[str] = frozenset()
+    aged: frozenset[str] = frozenset()
+
+    def standing(self, request_id: str) -> int:
+        """0 aged, 1 feasible, 2 rejected or hopeless, 3 not planned yet."""
+        if request_id in self.aged:
+            return 0
+        if request_id in self.feasible:
+            return 1
+        if request_id in self.rejected or request_id in self.hopeless:
+            return 2
+        return 3
+
+
+@register_policy
+class GoodputPolicy(SchedulingPolicy):
+    name = "goodput"
+    aging = True  # refresh() every step: the re-plan
+    accounts = True  # account() tells which requests run
+
+    def __init__(
+        self,
+        prefill_s_per_token: float = 2e-4,
+        decode_s_per_token: float = 0.02,
+        decode_work_s_per_token: float | None = None,
+        num_workers: int = 1,
+        max_wait_s: float = 300.0,
+        shed_hopeless: bool = False,
+    ) -> None:
+        self.costs = ServiceCosts(
+            prefill_s_per_token,
+            decode_s_per_token,
+            decode_s_per_token if decode_work_s_per_token is None else decode_work_s_per_token,
+        )
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers must be an integer >= 1; got {num_workers!r}")
+        if not (isinstance(max_wait_s, int | float) and max_wait_s > 0):
+            raise ValueError(f"max_wait_s must be a number of seconds > 0; got {max_wait_s!r}")
+        self.num_workers = num_workers
+        self.max_wait_s = float(max_wait_s)
+        self.shed_hopeless = bool(shed_hopeless)
+        self.predictor = OutputLengthPredictor()
+        self.plan = GoodputPlan()
+        self._known: dict[str, Request] = {}  # unfinished requests seen by key() or account()
+        self.num_demoted = 0
+        self.num_shed = 0
+
+    # -- the plan ------------------------------------------------------------------------------
+    def _outputs_left(self, request: Request) -> int:
+        return self.predictor.outputs_left(request)
+
+    def latency_s(self, request: Request) -> float:
+        return latency_s(request, self._outputs_left(request), self.costs)
+
+    def work_s(self, request: Request) -> float:
+        return work_s(request, self._outputs_left(request), self.costs)
+
+    def _forget_finished(self) -> None:
+        known = self._known
+        done = [rid for rid, r in known.items() if r.status is RequestStatus.FINISHED]
+        for rid in done:
+            self.predictor.observe(known.pop(rid))
+
+    def replan(self, now: float) -> GoodputPlan:
+        """Hopeless, aged and feasible requests from now (see module doc)."""
+        self._forget_finished()
+        hopeless: set[str] = set()
+        aged: set[str] = set()
+        committed = 0.0  # worker time of what runs regardless of deadlines
+        candidates: list[tuple[float, float, Request]] = []
+        for rid, r in self._known.items():
+            d = r.deadline
+            waiting = r.status in _WAITING
+            if waiting and now - r.arrival_time >= self.max_wait_s:
+                aged.add(rid)
+                committed += self.work_s(r)
+            elif d is None:
+                if not waiting:
+                    committed += self.work_s(r)
+            elif now + self.latency_s(r) > d:
+                hopeless.add(rid)
+            else:
+                candidates.append((d, r.arrival_time, r))
+        candidates.sort(key=lambda c: (c[0], c[1]))
+        share = 1.0 / self.num_workers
+        t = committed * share
+        chosen: list[tuple[float, str]] = []  # max-heap on work: (-work, id)
+        rejected: set[str] = set()
+        for d, _, r in candidates:
+            w = self.work_s(r) * share
+            heapq.heappush(chosen, (-w, r.request_id))
+            t += w
+            if now + t > d:
+                neg_w, rid = heapq.heappop(chosen)
+                t += neg_w
+                rejected.add(rid)
+        feasible = frozenset(rid for _, rid in chosen)
+        old = self.plan
+        self.num_demoted += sum(1 for rid in rejected | hopeless if old.standing(rid) in (1, 3))
+        return GoodputPlan(feasible, frozenset(rejected), frozenset(hopeless), frozenset(aged))
+
+    def refresh(self, now: float) -> bool:
+        old = self.plan
+        new = self.replan(now)
+        self.plan = new
+        if not self._waiting_keys_changed(old, new):
+            return False
+        self.generation += 1
+        return True
+
+    def _waiting_keys_changed(self, old: GoodputPlan, new: GoodputPlan) -> bool:
+        for rid, r in self._known.items():
+            if r.status not in _WAITING:
+                continue
+            before, after = old.standing(rid), new.standing(rid)
+            if before != after and {before, after} != {1, 3}:
+                return True  # (unplanned requests are keyed as feasible)
+        return False
+
+    def hopeless_waiting(self) -> list[Request]:
+        """Waiting requests to end now (only with shed_hopeless)."""
+        if not self.shed_hopeless:
+            return []
+        known = self._known
+        out = [known[rid] for rid in self.plan.hopeless if known[rid].status in _WAITING]
+        self.num_shed += len(out)
+        return out
+
+    # -- the interface -------------------------------------------------------------------------
+    def key(self, request: Request) -> tuple[int, float, float]:
+        rid = request.request_id
+        if rid not in self._known:
+            self._known[rid] = request
+            self.predictor.predict(request)
+        arrival = request.arrival_time
+        standing = self.plan.standing(rid)
+        if standing == 0:
+            return (_FEASIBLE, arrival + self.max_wait_s, arrival)
+        d = request.deadline
+        if d is None or standing == 2:
+            return (_DEMOTED, arrival, arrival)
+        # feasible, or not planned yet (a new arrival): feasible until a re-plan says otherwise
+        return (_FEASIBLE, d, arrival)
+
+    def victim_key(self, request: Request) -> tuple[int, float]:
+        rid = request.request_id
+        d = request.deadline
+        if d is None or rid not in self.plan.feasible:
+            return (2, 0.0)
+        recompute = request.num_computed_tokens * self.costs.prefill_s_per_token
+        slack = d - (self.clock() + self.latency_s(request) + recompute)
+        return (1, slack) if slack >= 0 else (0, slack)
+
+    def account(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> None:
+        known = self._known
+        for r in requests:
+            if r.request_id not in known:
+                known[r.request_id] = r
+                self.predictor.predict(r)
+
+    def forget(self, request: Request) -> None:
+        """A request that ended outside the scheduler's view (shed, aborted)."""
+        self._known.pop(request.request_id, None)
+        self.predictor.forget(request.request_id)

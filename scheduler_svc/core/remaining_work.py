@@ -1,0 +1,158 @@
+"""Predicted remaining work of a request: how many tokens it will still output, and what the rest
+of its service costs on a worker.
+
+Output length: a request stops at ``max_tokens`` or earlier (EOS, a stop token). What fraction
+of ``max_tokens`` requests actually use is learned per tenant and prompt-length bucket (powers of
+two), falling back to the tenant's, then everyone's, then 1 (no history: ``max_tokens``). Each
+prediction made when a request is first seen is checked against its real output length when it
+finishes; ``error()`` reports the mean absolute and the mean signed error (the bias).
+
+Cost: the worker's measured step costs (the simulator's cost model and SLO admission fit the same
+``a + b * tokens``): a prefill token costs ``prefill_s_per_token``; an output token costs one
+decode step of latency (``decode_s_per_token``) but only its share of a batched step in machine
+time (``decode_work_s_per_token``). Latency bounds when the request alone could finish; machine
+time is what it takes from the others.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from scheduler_svc.core.request import FinishReason, Request
+
+_LEARNED_REASONS = (FinishReason.STOP, FinishReason.LENGTH)
+
+
+@dataclass(slots=True)
+class _RatioStats:
+    count: int = 0
+    total: float = 0.0
+
+    def mean(self) -> float:
+        return self.total / self.count
+
+
+@dataclass(slots=True)
+class PredictionError:
+    """Predicted minus actual output tokens over the finished requests checked."""
+
+    count: int = 0
+    abs_total: float = 0.0
+    signed_total: float = 0.0
+
+    @property
+    def mean_abs_tokens(self) -> float:
+        return self.abs_total / self.count if self.count else 0.0
+
+    @property
+    def mean_signed_tokens(self) -> float:
+        return self.signed_total / self.count if self.count else 0.0
+
+
+def prompt_bucket(num_prompt_tokens: int) -> int:
+    return max(1, num_prompt_tokens).bit_length()
+
+
+@dataclass(slots=True)
+class OutputLengthPredictor:
+    """Output length from max_tokens and the observed fraction of it used (see module doc)."""
+
+    min_observations: int = 4  # a bucket with fewer falls back to the tenant's, then global
+    _by_bucket: dict[tuple[str, int], _RatioStats] = field(default_factory=dict)
+    _by_tenant: dict[str, _RatioStats] = field(default_factory=dict)
+    _overall: _RatioStats = field(default_factory=_RatioStats)
+    _first_prediction: dict[str, int] = field(default_factory=dict)
+    error: PredictionError = field(default_factory=PredictionError)
+
+    def _ratio(self, request: Request) -> float:
+        tenant = request.tenant or ""
+        enough = self.min_observations
+        for stats in (
+            self._by_bucket.get((tenant, prompt_bucket(request.num_prompt_tokens))),
+            self._by_tenant.get(tenant),
+            self._overall,
+        ):
+            if stats is not None and stats.count >= enough:
+                return stats.mean()
+        return 1.0
+
+    def predict(self, request: Request) -> int:
+        """Total output tokens the request is expected to produce (at least what it has)."""
+        params = request.sampling_params
+        guess = math.ceil(params.max_tokens * self._ratio(request))
+        guess = max(guess, params.min_tokens, request.num_output_tokens, 1)
+        guess = min(guess, max(params.max_tokens, request.num_output_tokens))
+        self._first_prediction.setdefault(request.request_id, guess)
+        return guess
+
+    def outputs_left(self, request: Request) -> int:
+        """Output tokens still to come (at least one while the request is unfinished)."""
+        return max(1, self.predict(request) - request.num_output_tokens)
+
+    def observe(self, request: Request) -> None:
+        """A finished request: learn its tenant's and bucket's ratio and check the prediction."""
+        predicted = self._first_prediction.pop(request.request_id, None)
+        if request.finish_reason not in _LEARNED_REASONS:
+            return  # aborted or shed: says nothing about how long it would have run
+        actual = request.num_output_tokens
+        if predicted is not None:
+            err = self.error
+            err.count += 1
+            err.abs_total += abs(predicted - actual)
+            err.signed_total += predicted - actual
+        max_tokens = request.sampling_params.max_tokens
+        if max_tokens <= 0:
+            return
+        ratio = min(1.0, actual / max_tokens)
+        tenant = request.tenant or ""
+        key = (tenant, prompt_bucket(request.num_prompt_tokens))
+        for stats in (
+            self._by_bucket.setdefault(key, _RatioStats()),
+            self._by_tenant.setdefault(tenant, _RatioStats()),
+            self._overall,
+        ):
+            stats.count += 1
+            stats.total += ratio
+
+    def forget(self, request_id: str) -> None:
+        self._first_prediction.pop(request_id, None)
+
+
+@dataclass(slots=True, frozen=True)
+class ServiceCosts:
+    """Seconds per token on one worker (see module doc)."""
+
+    prefill_s_per_token: float = 2e-4
+    decode_s_per_token: float = 0.02
+    decode_work_s_per_token: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_s_per_token", "decode_s_per_token", "decode_work_s_per_token"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ValueError(f"{name} must be a finite number >= 0; got {v!r}")
+            if v < 0:
+                raise ValueError(f"{name} must be a finite number >= 0; got {v!r}")
+
+
+def tokens_to_compute(request: Request) -> int:
+    """Tokens known but not computed: the prompt left to prefill (a recomputed request: also
+    its output so far)."""
+    return max(0, request.num_tokens - request.num_computed_tokens)
+
+
+def latency_s(request: Request, outputs_left: int, costs: ServiceCosts) -> float:
+    """The soonest the request could finish from now if it ran alone."""
+    return (
+        tokens_to_compute(request) * costs.prefill_s_per_token
+        + outputs_left * costs.decode_s_per_token
+    )
+
+
+def work_s(request: Request, outputs_left: int, costs: ServiceCosts) -> float:
+    """The worker time the rest of the request takes from everyone (decode batched)."""
+    return (
+        tokens_to_compute(request) * costs.prefill_s_per_token
+        + outputs_left * costs.decode_work_s_per_token
+    )

@@ -1,0 +1,208 @@
+"""The goodput policy: as many deadlines met as the best serial order, nothing starved, blocks
+exact, hopeless requests shed when asked."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from scheduler_svc.core import FinishReason, RequestStatus, Scheduler, SchedulerConfig
+from scheduler_svc.core.policies import GoodputPolicy
+from scheduler_svc.core.remaining_work import OutputLengthPredictor
+from scheduler_svc.sim import SimSettings, TraceRequest
+from scheduler_svc.sim.costmodel import StepCostModel
+from scheduler_svc.sim.simulator import Simulator, simulate
+from tests.factories import prompt, request
+
+# a worker whose step costs 10 ms plus 0.1 ms per token: a 100-token prompt and 18 output
+# tokens take about 0.2 s alone
+COST = StepCostModel(base_s=0.01, per_token_s=1e-4, per_ctx_token_s=0.0, per_seq_s=0.0)
+OPTIONS = {
+    "prefill_s_per_token": COST.per_token_s,
+    "decode_s_per_token": COST.compute_s(1, 0, 1),
+}
+
+
+def serial(policy: str, **options) -> SimSettings:
+    """One request at a time: the order is everything."""
+    return SimSettings(
+        policy=policy,
+        policy_options={**OPTIONS, **options},
+        max_num_seqs=1,
+        max_num_batched_tokens=512,
+        num_blocks=512,
+    )
+
+
+def met(policy: str, trace: list[TraceRequest], **options) -> int:
+    res = simulate(serial(policy, **options), trace, COST)
+    assert not res.stuck
+    return sum(1 for r in res.records if r.met_deadline)
+
+
+def alone_s(tr: TraceRequest) -> float:
+    one = TraceRequest(tr.request_id, 0.0, tr.prompt_len, tr.output_len)
+    res = simulate(serial("fcfs"), [one], COST)
+    return res.records[0].finish or 0.0
+
+
+def best_order(trace: list[TraceRequest]) -> int:
+    """Exhaustive search: the most deadlines any serial order of the requests meets."""
+    jobs = [(alone_s(tr), tr.deadline or 0.0) for tr in trace]
+    best = 0
+    for order in itertools.permutations(range(len(jobs))):
+        t, on_time = 0.0, 0
+        for i in order:
+            t += jobs[i][0]
+            on_time += t <= jobs[i][1] + 1e-9
+        best = max(best, on_time)
+        if best == len(jobs):
+            break
+    return best
+
+
+def eight_requests() -> list[TraceRequest]:
+    return [TraceRequest(f"r{k}", 0.0, 100, 18, deadline=0.25 + 0.05 * k) for k in range(8)]
+
+
+def random_case(seed: int) -> list[TraceRequest]:
+    rng = random.Random(seed)
+    return [
+        TraceRequest(
+            f"r{k}",
+            0.0,
+            rng.randint(20, 300),
+            rng.randint(4, 30),
+            deadline=rng.uniform(0.1, 0.9),
+        )
+        for k in range(8)
+    ]
+
+
+def test_eight_requests_meet_as_many_deadlines_as_the_best_order():
+    trace = eight_requests()
+    best = best_order(trace)
+    assert best == 3
+    assert met("goodput", trace) >= best
+    assert met("goodput", trace) > met("deadline", trace)
+
+
+def test_seeded_cases_match_exhaustive_search_in_nine_of_ten():
+    wins = 0
+    for seed in range(10):
+        trace = random_case(seed)
+        wins += met("goodput", trace) >= best_order(trace)
+    assert wins >= 9
+
+
+def test_demoted_request_waits_at_most_the_aging_bound():
+    """A stream of requests with deadlines they can all meet, a little above the worker's
+    capacity, and one request without a deadline: it is served within max_wait_s (plus one
+    request's service), not after the stream."""
+    stream = [TraceRequest(f"s{k}", 0.043 * k, 40, 4, deadline=0.043 * k + 5) for k in range(200)]
+    loner = TraceRequest("loner", 0.01, 40, 4)
+    trace = sorted([*stream, loner], key=lambda r: r.arrival)
+
+    def wait(max_wait_s: float) -> float:
+        res = simulate(serial("goodput", max_wait_s=max_wait_s), trace, COST)
+        rec = next(r for r in res.records if r.request_id == "loner")
+        assert rec.ttft is not None
+        return rec.ttft
+
+    assert wait(1.0) <= 1.0 + 0.1
+    assert wait(1000.0) > 5.0  # without the bound it waits for the stream to end
+
+
+def test_block_accounting_exact_under_preemption():
+    settings = SimSettings(
+        policy="goodput",
+        policy_options=dict(OPTIONS),
+        max_num_seqs=16,
+        num_blocks=24,
+        block_size=16,
+        max_model_len=256,
+    )
+    rng = random.Random(3)
+    trace = [
+        TraceRequest(
+            f"r{k}",
+            0.01 * k,
+            rng.randint(20, 120),
+            rng.randint(20, 100),
+            deadline=rng.uniform(0.5, 3),
+        )
+        for k in range(60)
+    ]
+    sim = Simulator(settings, trace, COST)
+    for sched in sim.schedulers:
+        real = sched.schedule
+
+        def checked(sched=sched, real=real):
+            out = real()
+            pool = sched.kv.pool
+            pool.check_invariants()
+            assert pool.num_free_blocks + pool.num_used_blocks == pool.num_blocks
+            return out
+
+        sched.schedule = checked  # type: ignore[method-assign]
+    res = sim.run()
+    assert not res.stuck and res.preemptions > 0
+    pool = sim.schedulers[0].kv.pool
+    assert pool.num_free_blocks == pool.num_blocks
+
+
+def test_hopeless_request_is_shed_at_once_when_asked():
+    clock = [100.0]
+    sched = Scheduler(
+        SchedulerConfig(policy="goodput", policy_options={**OPTIONS, "shed_hopeless": True})
+    )
+    sched.policy.clock = lambda: clock[0]  # type: ignore[method-assign]
+    sched.add_request(request("late", prompt(50), max_tokens=20, arrival=99.0, deadline=100.05))
+    sched.add_request(request("fine", prompt(50), max_tokens=20, arrival=99.0, deadline=200.0))
+    out = sched.schedule()
+    shed = sched.take_shed()
+    assert [r.request_id for r in shed] == ["late"]
+    assert shed[0].finish_reason is FinishReason.SHED
+    assert shed[0].status is RequestStatus.FINISHED
+    assert "late" in out.finished_req_ids and "late" not in out.num_scheduled_tokens
+    assert list(out.num_scheduled_tokens) == ["fine"]
+    assert sched.stats().num_shed == 1
+
+
+def test_hopeless_request_is_demoted_not_shed_by_default():
+    clock = [100.0]
+    sched = Scheduler(SchedulerConfig(policy="goodput", policy_options=OPTIONS, max_num_seqs=1))
+    sched.policy.clock = lambda: clock[0]  # type: ignore[method-assign]
+    sched.add_request(request("late", prompt(50), max_tokens=20, arrival=99.0, deadline=100.05))
+    sched.add_request(request("fine", prompt(50), max_tokens=20, arrival=99.5, deadline=200.0))
+    out = sched.schedule()
+    assert list(out.num_scheduled_tokens) == ["fine"] and not sched.take_shed()
+
+
+def test_victim_is_the_request_whose_loss_costs_no_met_deadline():
+    p = GoodputPolicy(**OPTIONS)
+    p.clock = lambda: 0.0  # type: ignore[method-assign]
+    tight = request("tight", prompt(50), max_tokens=10, deadline=0.2, computed=50)
+    loose = request("loose", prompt(50), max_tokens=10, deadline=50.0, computed=50)
+    none = request("none", prompt(50), max_tokens=1, computed=50)
+    for r in (tight, loose, none):
+        r.status = RequestStatus.RUNNING
+    p.account([tight, loose, none], [1, 1, 1])
+    p.refresh(0.0)
+    assert p.select_victim([none, tight, loose]) == 0
+    assert p.select_victim([tight, loose]) == 1
+
+
+def test_output_length_learned_per_tenant_and_error_reported():
+    pred = OutputLengthPredictor(min_observations=2)
+    for k in range(4):
+        r = request(f"d{k}", prompt(30), max_tokens=100, tenant="a")
+        assert pred.predict(r) == (100 if k < 2 else 25)  # no history yet: max_tokens
+        r.output_token_ids = [1] * 25
+        r.finish_reason = FinishReason.STOP
+        pred.observe(r)
+    assert pred.predict(request("n", prompt(30), max_tokens=100, tenant="a")) == 25
+    assert pred.predict(request("m", prompt(30), max_tokens=40, tenant="a")) == 10
+    assert pred.error.count == 4 and pred.error.mean_abs_tokens == pytest.approx(75 / 2)
