@@ -3,7 +3,9 @@
 Runs only in a step that preempted nothing. A waiting request whose reason not to run now is its
 own (chunked prefill off and its prompt does not fit the budget left) is skipped and keeps its
 place; one that fails block allocation (the pool is full, watermark kept) ends admission for
-the step. Admitted requests start at their prefix-cache hit (whole blocks, free of budget).
+the step. A request the policy holds back (``policy.admits``: goodput keeps requests off the
+worker that would cost deadlines) is skipped the same way. Admitted requests start at
+their prefix-cache hit (whole blocks, free of budget).
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ class AdmissionMixin:
         max_budget = cfg.max_num_batched_tokens
         max_skips = cfg.max_waiting_skips_per_step
         finished_pending = self._finished_pending
+        admits = waiting.policy.admits
         skipped: list[Request] = []
         budget = step.budget
         while budget > 0 and len(running) < max_seqs and waiting:
@@ -127,6 +130,11 @@ class AdmissionMixin:
             if req.request_id in finished_pending:
                 # an earlier request with this id ends in this very step: admit it next step,
                 # so the worker never sees one id both finished and new in one diff
+                skipped.append(req)
+                if len(skipped) >= max_skips:
+                    break
+                continue
+            if not admits(req):  # held back by the policy this step: keeps its place
                 skipped.append(req)
                 if len(skipped) >= max_skips:
                     break

@@ -40,6 +40,8 @@ class SchedulingPolicy:
         changed (O(waiting) re-sort, so only when something really changed).
     account(requests, num_tokens): called after each step when ``accounts`` is True, with the
         requests scheduled and their token counts (per-tenant service, fair share).
+    admits(request): False holds a waiting request back for this step (it keeps its place and
+        admission goes on with the next); default True.
     hopeless_waiting(): waiting requests to end now (FinishReason.SHED) because they can no
         longer meet their targets; called once per step; default none (goodput's shed_hopeless).
     make_queue(): optional; a policy that needs its own queue structure returns it here.
@@ -82,6 +84,9 @@ class SchedulingPolicy:
 
     def account(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> None:
         """Tokens just scheduled for these requests (only when ``accounts``)."""
+
+    def admits(self, request: Request) -> bool:
+        return True
 
     def hopeless_waiting(self) -> list[Request]:
         return []

@@ -21,7 +21,7 @@ from typing import Any
 from scheduler_svc.core import available_policies
 from scheduler_svc.core.errors import SchedulerConfigError
 from scheduler_svc.sim.costmodel import CALIBRATION_FILE, StepCostModel
-from scheduler_svc.sim.report import plot_ttft, print_table, summarize
+from scheduler_svc.sim.report import plot_goodput, plot_ttft, print_table, summarize
 from scheduler_svc.sim.scenarios import (
     CONFIG_FIELDS,
     SCENARIOS,
@@ -136,7 +136,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--calibration", default=None, help=f"profile in {CALIBRATION_FILE.name}")
     g.add_argument("--calibration-file", type=Path, default=None)
     g.add_argument("--json", type=Path, default=None, help="write the summaries here")
-    g.add_argument("--plot", type=Path, default=None, help="TTFT distributions per run (PNG)")
+    g.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help="TTFT distributions per run (PNG); goodput: deadlines met per second by load",
+    )
 
 
 def given_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -161,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
     title = f"splitserve sim: {args.scenario}, cost model {cost.name} (simulated time)"
     print_table(results, title)
     if args.plot:
-        print(f"plot: {plot_ttft(results, args.plot, title)}")
+        plot = plot_goodput if args.scenario == "goodput" else plot_ttft
+        print(f"plot: {plot(results, args.plot, title)}")
     if args.json:
         summaries = [_clean(summarize(r)) for r in results]
         args.json.write_text(json.dumps(summaries, indent=2) + "\n")

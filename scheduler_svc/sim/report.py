@@ -21,6 +21,40 @@ def percentile(values: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def _met_rate(recs: Sequence[Any]) -> dict[str, Any]:
+    """Deadlines met among the requests that had one (refused and shed ones count as missed)."""
+    with_target = [r for r in recs if r.deadline is not None]
+    met = sum(1 for r in with_target if r.met_deadline)
+    return {
+        "met": met,
+        "of": len(with_target),
+        "rate": met / len(with_target) if with_target else None,
+    }
+
+
+def goodput_summary(res: SimResult) -> dict[str, Any]:
+    """Requests that met their deadlines per second of the trace's arrivals (the same time for
+    every policy on one trace), and the met rate overall, per tenant and per priority."""
+    recs = res.records
+    arrivals = [r.arrival for r in recs]
+    span = max(arrivals) - min(arrivals) if len(arrivals) > 1 else 0.0
+    overall = _met_rate(recs)
+    tenants = sorted({r.tenant or "-" for r in recs})
+    priorities = sorted({r.priority for r in recs})
+    return {
+        "goodput_rps": overall["met"] / span if span > 0 else 0.0,
+        "met": overall["met"],
+        "met_rate": overall["rate"],
+        "shed": sum(1 for r in recs if r.refused == "shed"),
+        "met_rate_by_tenant": {
+            t: _met_rate([r for r in recs if (r.tenant or "-") == t])["rate"] for t in tenants
+        },
+        "met_rate_by_priority": {
+            p: _met_rate([r for r in recs if r.priority == p])["rate"] for p in priorities
+        },
+    }
+
+
 def summarize(res: SimResult) -> dict[str, Any]:
     recs = res.records
     done = [r for r in recs if r.finish is not None]
@@ -79,6 +113,7 @@ def summarize(res: SimResult) -> dict[str, Any]:
         "deadlines_met": sum(deadlines) / len(deadlines) if deadlines else None,
         "ttft_p50_by_priority_s": {p: percentile(v, 50) for p, v in sorted(by_priority.items())},
         "stuck": res.stuck,
+        **goodput_summary(res),
     }
 
 
@@ -106,6 +141,7 @@ def print_table(results: Sequence[SimResult], title: str = "splitserve sim", con
         "thrash max",
         "shares",
         "deadline",
+        "goodput/s",
         "TTFT p50 by priority",
     ]
     for c in cols:
@@ -130,6 +166,7 @@ def print_table(results: Sequence[SimResult], title: str = "splitserve sim", con
             thrash,
             shares if len(s["tenant_shares"]) > 1 else "",
             "" if met is None else f"{100 * met:.0f}%",
+            "" if met is None else f"{s['goodput_rps']:.3f}",
             " ".join(f"{p}:{v:.1f}" for p, v in s["ttft_p50_by_priority_s"].items())
             if len(s["ttft_p50_by_priority_s"]) > 1
             else "",
@@ -173,6 +210,38 @@ def plot_ttft(results: Sequence[SimResult], path: Path | str, title: str = "") -
     ax2.set_title("TTFT CDF")
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_goodput(results: Sequence[SimResult], path: Path | str, title: str = "") -> Path:
+    """Deadlines met per second against load, one line per policy, one panel per trace (the
+    goodput scenario's labels: "POLICY LOADx TRACE")."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for r in results:
+        policy, load, trace = r.label.split(" ", 2)
+        point = (float(load.rstrip("x")), goodput_summary(r)["goodput_rps"])
+        curves.setdefault(trace, {}).setdefault(policy, []).append(point)
+    fig, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 4.5), squeeze=False)
+    for ax, (trace, by_policy) in zip(axes[0], curves.items(), strict=True):
+        for policy, points in by_policy.items():
+            xs, ys = zip(*sorted(points), strict=True)
+            ax.plot(xs, ys, marker="o", label=policy)
+        ax.set_xlabel("offered load (x capacity)")
+        ax.set_ylabel("requests meeting their deadline per second")
+        ax.set_title(f"{trace} trace")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -12,6 +12,9 @@
 - ``starvation``: a few long prompts in a stream of short ones that never lets up: sjf starves
   them until the stream ends, sjf-aging bounds their wait.
 - ``preemption``: recompute, swap and auto on a small pool with host blocks.
+- ``goodput``: fcfs, priority, deadline and goodput at 0.8, 1.0, 1.2 and 1.5 x capacity on the
+  policies trace and on a bursty one (the same requests, each period's arrivals squeezed into
+  its first third): requests that meet their deadlines per second.
 
 Where settings meet: a run's settings are a ``ScenarioConfig`` (one field per `splitserve sim`
 setting flag). ``resolve`` is the one place they are put together: ScenarioConfig's generic
@@ -194,11 +197,15 @@ def rate_for(load: float, cost: StepCostModel, s: SimSettings, tc: TraceConfig) 
     return load * capacity_rps(cost, s, tc)
 
 
-def policy_options(cost: StepCostModel, **extra) -> dict:
-    """Options every policy may take, from the cost model (deadline's service estimate)."""
+def policy_options(cost: StepCostModel, batch: int = 32, workers: int = 1, **extra) -> dict:
+    """Options every policy may take, from the cost model (deadline's and goodput's service
+    estimates: a decode step alone, and one output token's share of a step of ``batch``)."""
     return {
         "prefill_s_per_token": cost.per_token_s,
         "decode_s_per_token": cost.compute_s(1, 512, 1),
+        "decode_work_s_per_token": cost.compute_s(batch, batch * 512, batch) / batch,
+        "decode_s_per_seq": cost.compute_s(2, 2 * 512, 2) - cost.compute_s(1, 512, 1),
+        "num_workers": workers,
         **extra,
     }
 
@@ -227,23 +234,68 @@ _FCFS_ONLY = "it runs fcfs only"
 _RUNS_FCFS = {"policies": _FCFS_ONLY, "aging_rate": _FCFS_ONLY, "weights": _FCFS_ONLY}
 
 
-def policies(cfg: ScenarioConfig, cost: StepCostModel) -> list[Run]:
-    base = cfg.sim_settings()
-    tc = cfg.trace_config()
-    # slack: twice a prompt token's prefill, and per output token two decode steps of a
-    # half-full batch
-    seqs = max(1, base.max_num_seqs // 2)
+def _with_deadlines(tc: TraceConfig, cost: StepCostModel, s: SimSettings) -> TraceConfig:
+    """Slack: twice a prompt token's prefill, and per output token 1.5 decode steps of a
+    half-full batch."""
+    seqs = max(1, s.max_num_seqs // 2)
     step = cost.compute_s(seqs, seqs * 512, seqs)
-    tc = dataclasses.replace(
+    return dataclasses.replace(
         tc,
         deadline_base_s=2.0,
         deadline_per_token_s=2 * cost.per_token_s,
         deadline_per_output_s=1.5 * step,
     )
+
+
+def _options(cfg: ScenarioConfig, cost: StepCostModel, s: SimSettings, **extra) -> dict:
+    batch = max(1, s.max_num_seqs // 2)
+    return policy_options(cost, batch, s.num_workers, **{**cfg.user_options(), **extra})
+
+
+def policies(cfg: ScenarioConfig, cost: StepCostModel) -> list[Run]:
+    base = cfg.sim_settings()
+    tc = _with_deadlines(cfg.trace_config(), cost, base)
     tc = _rate(cfg, tc, 1.2, cost, base)  # a queue builds up (then drains): the policies differ
-    opts = policy_options(cost, **cfg.user_options())
+    opts = _options(cfg, cost, base)
     names = ["fcfs", "priority", "sjf", "sjf-aging", "priority-aging", "fair", "deadline"]
     return _compare_policies(cfg, base, make_trace(tc), opts, names)
+
+
+GOODPUT_LOADS = (0.8, 1.0, 1.2, 1.5)
+BURST_PERIOD_S = 30.0
+
+
+def bursty(trace: list[TraceRequest], period_s: float = BURST_PERIOD_S) -> list[TraceRequest]:
+    """The same requests, each period's arrivals squeezed into its first third (three times the
+    rate, then nothing); the mean rate and every request's slack are kept."""
+    out = []
+    for r in trace:
+        start = r.arrival // period_s * period_s
+        shift = (r.arrival - start) * 2 / 3
+        d = None if r.deadline is None else r.deadline - shift
+        out.append(dataclasses.replace(r, arrival=r.arrival - shift, deadline=d))
+    return sorted(out, key=lambda r: r.arrival)
+
+
+def goodput_label(policy: str, load: float, trace: str) -> str:
+    return f"{policy} {load:g}x {trace}"
+
+
+def goodput(cfg: ScenarioConfig, cost: StepCostModel) -> list[Run]:
+    base = cfg.sim_settings()
+    tc = _with_deadlines(cfg.trace_config(), cost, base)
+    capacity = None if cfg.request_rate is not None else capacity_rps(cost, base, tc)
+    names = list(cfg.policies or ("fcfs", "priority", "deadline", "goodput"))
+    runs: list[Run] = []
+    for load in GOODPUT_LOADS:
+        rate = cfg.request_rate if capacity is None else load * capacity
+        steady = make_trace(dataclasses.replace(tc, request_rate=rate))
+        for trace_name, trace in (("policies", steady), ("bursty", bursty(steady))):
+            for n in names:
+                opts = _options(cfg, cost, base)
+                label = goodput_label(n, load, trace_name)
+                runs.append((_replace(base, policy=n, label=label, policy_options=opts), trace))
+    return runs
 
 
 def budget128(cfg: ScenarioConfig, cost: StepCostModel) -> list[Run]:
@@ -284,7 +336,7 @@ def sjf(cfg: ScenarioConfig, cost: StepCostModel) -> list[Run]:
     aging = cfg.aging_rate
     if aging is None:
         aging = tc.prompt_max / (0.3 * max(1e-9, trace[-1].arrival - trace[0].arrival))
-    opts = policy_options(cost, **{**cfg.user_options(), "aging_rate": aging})
+    opts = _options(cfg, cost, base, aging_rate=aging)
     return _compare_policies(cfg, base, trace, opts, ["fcfs", "sjf", "sjf-aging"])
 
 
@@ -301,7 +353,7 @@ def starvation(cfg: ScenarioConfig, cost: StepCostModel) -> list[Run]:
     aging = cfg.aging_rate
     if aging is None:
         aging = STARVATION_LONG_PROMPT / (0.25 * max(1e-9, trace[-1].arrival))
-    opts = policy_options(cost, **{**cfg.user_options(), "aging_rate": aging})
+    opts = _options(cfg, cost, s, aging_rate=aging)
     return _compare_policies(cfg, s, trace, opts, ["fcfs", "sjf", "sjf-aging"])
 
 
@@ -346,6 +398,16 @@ SCENARIOS: dict[str, Scenario] = {
                 "tenants": {"a": 1.0, "b": 1.0},
                 "priorities": (0, 1, 2),
                 "weights": {"a": 3.0, "b": 1.0},
+            },
+        ),
+        Scenario(
+            "goodput",
+            goodput,
+            "fcfs, priority, deadline, goodput at 0.8-1.5 x capacity, steady and bursty",
+            defaults={
+                "num_requests": 300,
+                "tenants": {"a": 1.0, "b": 1.0},
+                "priorities": (0, 1, 2),
             },
         ),
         Scenario(

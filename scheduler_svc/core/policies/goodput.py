@@ -5,12 +5,20 @@ with their predicted remaining work (core/remaining_work.py):
 
 - **hopeless**: even alone it would finish after its deadline. It can no longer count.
 - **the feasible set**: the others in earliest-deadline order, each adding its worker time
-  (shared by ``num_workers``); when one would finish late, the request with the most work so
-  far is rejected, the one whose removal gives the most time back (Moore and Hodgson's rule,
-  which maximises the number of jobs on time on one machine).
+  (shared by ``num_workers``); when one would finish late, the waiting request with the most
+  work so far is rejected, the one whose removal gives the most time back (Moore and Hodgson's
+  rule, which maximises the number of jobs on time on one machine). Running requests are
+  committed: they are in the batch, their work is under way, and they are never rejected.
 - **rejected** and hopeless requests are demoted behind the feasible set, with the requests
-  that have no deadline, oldest first (best effort). A request that has waited ``max_wait_s``
-  joins the feasible set's order as if due then, so nothing waits much longer than that.
+  that have no deadline, oldest first (best effort), and are not admitted while any request of
+  the feasible set is unfinished (``admits``): on a batching worker admission, not order, is
+  what decides who is served, and every request added to a batch slows all of its steps.
+- **the batch**: a feasible request is admitted only if, with the batch one larger (a decode
+  step costs ``decode_s_per_token`` plus ``decode_s_per_seq`` per other request on its
+  worker), it still makes its deadline and no running request that would make its own misses
+  it because of the newcomer's prefill and the slower steps. A
+  request that has waited ``max_wait_s`` joins the feasible set's order as if due then and is
+  admitted, so nothing waits much longer than that.
 - ``shed_hopeless``: hopeless requests still waiting are ended at once instead
   (FinishReason.SHED, see ``Scheduler._shed_hopeless``), so their clients hear early.
 
@@ -30,6 +38,7 @@ from scheduler_svc.core.remaining_work import (
     OutputLengthPredictor,
     ServiceCosts,
     latency_s,
+    tokens_to_compute,
     work_s,
 )
 from scheduler_svc.core.request import Request, RequestStatus
@@ -69,8 +78,9 @@ class GoodputPolicy(SchedulingPolicy):
         prefill_s_per_token: float = 2e-4,
         decode_s_per_token: float = 0.02,
         decode_work_s_per_token: float | None = None,
+        decode_s_per_seq: float = 0.0,
         num_workers: int = 1,
-        max_wait_s: float = 300.0,
+        max_wait_s: float = 120.0,
         shed_hopeless: bool = False,
     ) -> None:
         self.costs = ServiceCosts(
@@ -78,6 +88,9 @@ class GoodputPolicy(SchedulingPolicy):
             decode_s_per_token,
             decode_s_per_token if decode_work_s_per_token is None else decode_work_s_per_token,
         )
+        if not (isinstance(decode_s_per_seq, int | float) and decode_s_per_seq >= 0):
+            raise ValueError(f"decode_s_per_seq must be a number >= 0; got {decode_s_per_seq!r}")
+        self.decode_s_per_seq = float(decode_s_per_seq)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be an integer >= 1; got {num_workers!r}")
         if not (isinstance(max_wait_s, int | float) and max_wait_s > 0):
@@ -132,15 +145,19 @@ class GoodputPolicy(SchedulingPolicy):
         t = committed * share
         chosen: list[tuple[float, str]] = []  # max-heap on work: (-work, id)
         rejected: set[str] = set()
+        running: list[str] = []  # committed: they are in the batch already, never rejected
         for d, _, r in candidates:
             w = self.work_s(r) * share
-            heapq.heappush(chosen, (-w, r.request_id))
             t += w
-            if now + t > d:
+            if r.status in _WAITING:
+                heapq.heappush(chosen, (-w, r.request_id))
+            else:
+                running.append(r.request_id)
+            if now + t > d and chosen:
                 neg_w, rid = heapq.heappop(chosen)
                 t += neg_w
                 rejected.add(rid)
-        feasible = frozenset(rid for _, rid in chosen)
+        feasible = frozenset([*running, *(rid for _, rid in chosen)])
         old = self.plan
         self.num_demoted += sum(1 for rid in rejected | hopeless if old.standing(rid) in (1, 3))
         return GoodputPlan(feasible, frozenset(rejected), frozenset(hopeless), frozenset(aged))
@@ -187,6 +204,41 @@ class GoodputPolicy(SchedulingPolicy):
             return (_DEMOTED, arrival, arrival)
         # feasible, or not planned yet (a new arrival): feasible until a re-plan says otherwise
         return (_FEASIBLE, d, arrival)
+
+    def admits(self, request: Request) -> bool:
+        plan = self.plan
+        standing = plan.standing(request.request_id)
+        if standing == 0:
+            return True  # aged: the wait bound wins
+        if standing == 2 or request.deadline is None:
+            return not plan.feasible  # best effort: only while no deadline can be won
+        return self._fits_batch(request)
+
+    def _step_s(self, batch: int) -> float:
+        per_worker = -(-batch // self.num_workers)
+        return self.costs.decode_s_per_token + self.decode_s_per_seq * max(0, per_worker - 1)
+
+    def _finish_s(self, request: Request, step_s: float) -> float:
+        prefill = tokens_to_compute(request) * self.costs.prefill_s_per_token
+        return prefill + self._outputs_left(request) * step_s
+
+    def _fits_batch(self, request: Request) -> bool:
+        """Joining the batch, the request makes its deadline and costs no running request
+        its own (running requests already late do not count)."""
+        now = self.clock()
+        running = [r for r in self._known.values() if r.status is RequestStatus.RUNNING]
+        step_now, step_then = self._step_s(len(running)), self._step_s(len(running) + 1)
+        delay = tokens_to_compute(request) * self.costs.prefill_s_per_token
+        assert request.deadline is not None
+        if now + self._finish_s(request, step_then) > request.deadline:
+            return False
+        for r in running:
+            d = r.deadline
+            if d is None or now + self._finish_s(r, step_now) > d:
+                continue
+            if now + delay + self._finish_s(r, step_then) > d:
+                return False
+        return True
 
     def victim_key(self, request: Request) -> tuple[int, float]:
         rid = request.request_id

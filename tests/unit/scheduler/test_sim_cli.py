@@ -106,6 +106,10 @@ def option(name: str, value) -> Check:
 
 
 def _policies(obs: Observed, scenario: str, tmp: Path) -> None:
+    if scenario == "goodput":  # both policies at every load, on both traces
+        assert [s.policy for s in obs.settings] == ["sjf", "fcfs"] * 8
+        assert [r["label"].split()[0] for r in obs.rows] == ["sjf", "fcfs"] * 8
+        return
     assert [s.policy for s in obs.settings] == ["sjf", "fcfs"]
     assert [r["label"] for r in obs.rows] == ["sjf", "fcfs"]
 
@@ -291,7 +295,9 @@ def test_each_scenario_runs_small_by_its_own_settings(scenario, tmp):
     base = baseline(scenario, tmp)
     assert base.rc == 0, base.err
     assert base.settings and len(base.rows) == len(base.settings)
-    assert all(t is base.traces[0] for t in base.traces)  # one trace, compared across runs
+    # one trace, compared across runs (goodput: one per load and trace kind)
+    traces = {id(t) for t in base.traces}
+    assert len(traces) == (8 if scenario == "goodput" else 1)
     assert len(base.shorts) == 8
     assert all(r["finished"] + sum(r["refused"].values()) == r["requests"] for r in base.rows)
     cfg = resolve(scenario)
