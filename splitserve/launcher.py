@@ -104,6 +104,9 @@ def child_specs(args: argparse.Namespace, cfg, etcd_data_dir: str = "") -> list[
             f"worker-{i}",
             "--num-threads",
             str(threads),
+            "--log-level",
+            cfg.log_level,
+            "--log-json" if cfg.log_json else "--no-log-json",
             *args.worker_arg,
         ]
         if cfg.model:
