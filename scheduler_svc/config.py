@@ -23,7 +23,11 @@ class SchedulerServiceConfig:
     max_num_batched_tokens: int = _opt(2048, "token budget of one step per worker")
     max_num_seqs: int = _opt(128, "most requests running at once per worker")
     scheduling_policy: str = _opt(
-        "fcfs", "queue order: fcfs, priority, sjf, sjf-aging, priority-aging, fair, deadline"
+        "fcfs",
+        "queue order: fcfs, priority, sjf, sjf-aging, priority-aging, fair, deadline, goodput",
+    )
+    shed_hopeless: bool = _opt(
+        False, "goodput: end a waiting request at once when it can no longer make its deadline"
     )
     aging_rate: float = _opt(
         0.0, "sjf-aging: prompt tokens, priority-aging: levels, per second waited (0 = default)"

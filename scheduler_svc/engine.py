@@ -268,6 +268,18 @@ class ServingEngine:
         state.inflight_hashes = []
         return session
 
+    def _shed(self, request_id: str) -> None:
+        """The policy ended a waiting request that can no longer make its deadline
+        (--shed-hopeless): 429 / RESOURCE_EXHAUSTED if it had no output yet, else 504 /
+        DEADLINE_EXCEEDED (docs/scheduling.md)."""
+        state = self.requests.get(request_id)
+        if state is None:
+            return
+        self._leave_session(state)
+        code = "DEADLINE_EXCEEDED" if state.output_token_ids else "RESOURCE_EXHAUSTED"
+        state.fail(f"request {request_id!r} can no longer finish by its deadline: shed", code)
+        self._end(state)
+
     def _end(self, state: RequestState) -> None:
         """Bookkeeping once a request's stream has its last message."""
         self.requests.pop(state.request_id, None)
@@ -455,6 +467,8 @@ class ServingEngine:
                     if self.waiting:  # refill the worker's queue that the last step drew on
                         self._dispatch()
                     out = sched.schedule()
+                    for shed in sched.take_shed():
+                        self._shed(shed.request_id)
                     if not _has_work(out):
                         after_pause = True
                         break
@@ -585,4 +599,5 @@ def policy_options(config: SchedulerServiceConfig) -> dict[str, Any]:
     return {
         "aging_rate": config.aging_rate or None,
         "weights": parse_tenants(config.tenants) or None,
+        "shed_hopeless": config.shed_hopeless,
     }

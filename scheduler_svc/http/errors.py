@@ -24,6 +24,7 @@ ERROR_TYPES = {
     429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable_error",
+    504: "timeout_error",
 }
 
 # the `code` of an error raised without one: always a string, as OpenAI's API gives it
@@ -51,7 +52,7 @@ STATUS_FOR_CODE = {
     "PERMISSION_DENIED": 403,
     "NOT_FOUND": 404,
     "RESOURCE_EXHAUSTED": 429,
-    "DEADLINE_EXCEEDED": 408,
+    "DEADLINE_EXCEEDED": 504,  # the answer cannot be completed by the request's deadline
     "UNAVAILABLE": 503,
     "CANCELLED": 499,
 }

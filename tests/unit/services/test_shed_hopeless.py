@@ -1,0 +1,76 @@
+"""--shed-hopeless: a request that cannot make its deadline ends at once with the documented
+status (docs/scheduling.md): RESOURCE_EXHAUSTED over gRPC, 429 over HTTP, before any output."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from scheduler_svc.core import FinishReason
+from tests.engine_fakes import FakeWorker, drain, make_engine, make_state, registration, run_session
+from tests.unit.services.test_http_api import MODEL, run
+
+
+def test_hopeless_request_ends_at_once_with_resource_exhausted():
+    async def main():
+        engine = make_engine(scheduling_policy="goodput", shed_hopeless=True)
+        session = engine.attach(registration("w"), FakeWorker())
+        task = asyncio.create_task(run_session(engine, session))
+        hopeless = make_state("late", [1, 2, 3, 4], 400)  # 400 decode steps: seconds
+        hopeless.deadline = time.monotonic() + 0.05
+        fine = make_state("fine", [5, 6, 7, 8], 4)
+        fine.deadline = time.monotonic() + 60
+        started = time.monotonic()
+        engine.submit(hopeless)
+        engine.submit(fine)
+        (late_tokens, late_deltas), (fine_tokens, fine_deltas) = await asyncio.gather(
+            drain(hopeless), drain(fine)
+        )
+        waited = time.monotonic() - started
+        session.mark_lost("test over")
+        await task
+        return late_tokens, late_deltas, fine_tokens, fine_deltas, waited
+
+    late_tokens, late_deltas, fine_tokens, fine_deltas, waited = asyncio.run(main())
+    assert late_tokens == [] and waited < 5
+    assert late_deltas[-1].finish_reason is FinishReason.ERROR
+    assert late_deltas[-1].error_code == "RESOURCE_EXHAUSTED"
+    assert "deadline" in late_deltas[-1].error
+    assert len(fine_tokens) == 4 and fine_deltas[-1].finish_reason is FinishReason.LENGTH
+
+
+def test_hopeless_request_is_429_over_http():
+    async def body(client, ctx):
+        r = await client.post(
+            "/v1/completions",
+            json={
+                "model": MODEL,
+                "prompt": "Hello world",
+                "max_tokens": 400,
+                "temperature": 0,
+                "deadline": 0.05,
+            },
+        )
+        return r.status_code, r.json()
+
+    status, out = run(body, scheduling_policy="goodput", shed_hopeless=True)
+    assert status == 429, out
+    assert out["error"]["code"] == "resource_exhausted"
+    assert "deadline" in out["error"]["message"]
+
+
+def test_without_the_flag_the_hopeless_request_is_served_late():
+    async def body(client, ctx):
+        r = await client.post(
+            "/v1/completions",
+            json={
+                "model": MODEL,
+                "prompt": "Hello world",
+                "max_tokens": 8,
+                "temperature": 0,
+                "deadline": 0.0001,
+            },
+        )
+        return r.status_code
+
+    assert run(body, scheduling_policy="goodput") == 200
