@@ -13,7 +13,7 @@ from bisect import bisect_left
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -249,6 +249,19 @@ class WorkerCollector(Collector):
         slo = getattr(engine, "slo", None)
         if slo is not None:
             yield from slo_metrics(slo)
+        predictor = getattr(getattr(engine, "policy", None), "predictor", None)
+        if predictor is not None:  # the goodput policy's output-length predictions
+            err = predictor.error
+            yield GaugeMetricFamily(
+                P + "output_length_prediction_abs_error_tokens",
+                "Mean |predicted - actual| output tokens of finished requests",
+                value=err.mean_abs_tokens,
+            )
+            yield GaugeMetricFamily(
+                P + "output_length_prediction_bias_tokens",
+                "Mean predicted - actual output tokens (> 0: predictions too long)",
+                value=err.mean_signed_tokens,
+            )
 
 
 def slo_metrics(slo) -> Iterable:
@@ -369,6 +382,26 @@ class MetricsObserver(EngineObserver):
             buckets=TOKENS_PER_STEP_BUCKETS,
             registry=r,
         )
+        lt = ["tenant", "priority"]
+        self.deadline_requests = Counter(
+            P + "deadline_requests",
+            "Finished requests that had a deadline (shed and failed ones included)",
+            lt,
+            registry=r,
+        )
+        self.deadline_met = Counter(
+            P + "deadline_met",
+            "Requests that finished by their deadline (its rate is the goodput)",
+            lt,
+            registry=r,
+        )
+        self.deadline_met_ratio = Gauge(
+            P + "deadline_met_ratio",
+            "Fraction of the requests with a deadline that met it, since the start",
+            lt,
+            registry=r,
+        )
+        self._deadline_counts: dict[tuple[str, str], list[int]] = {}  # labels -> [met, of]
         self.worker_events = Counter(
             P + "worker_events", "Workers attaching and detaching", ["event"], registry=r
         )
@@ -442,9 +475,12 @@ class MetricsObserver(EngineObserver):
         self._last_delivery.pop(request_id, None)
         reason = state.finish_reason
         self.request_success.labels(finished_reason=str(reason)).inc()
+        end = state.finish_time if state.finish_time is not None else time.monotonic()
+        deadline = getattr(state, "deadline", None)
+        if deadline is not None:
+            self._count_deadline(state, reason is not FinishReason.ERROR and end <= deadline)
         if reason is FinishReason.ERROR:
             return
-        end = state.finish_time if state.finish_time is not None else time.monotonic()
         self.e2e.observe(max(0.0, end - state.arrival_time))
         self.prompt_len.observe(len(state.prompt_token_ids))
         n = len(state.output_token_ids)
@@ -452,6 +488,20 @@ class MetricsObserver(EngineObserver):
         first, last = state.first_token_time, state.last_token_time
         if n > 1 and first is not None and last is not None:
             self.tpot.observe((last - first) / (n - 1))
+
+    def _count_deadline(self, state: RequestState, met: bool) -> None:
+        labels = (state.tenant or "", str(state.priority))
+        counts = self._deadline_counts.setdefault(labels, [0, 0])
+        counts[0] += met
+        counts[1] += 1
+        self.deadline_requests.labels(*labels).inc()
+        if met:
+            self.deadline_met.labels(*labels).inc()
+        self.deadline_met_ratio.labels(*labels).set(counts[0] / counts[1])
+
+    def deadline_met_rates(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """(tenant, priority) -> (met, finished with a deadline), for the dashboard."""
+        return {k: (v[0], v[1]) for k, v in self._deadline_counts.items()}
 
     def on_worker_attached(self, session: WorkerSession) -> None:
         self.worker_events.labels(event="attached").inc()

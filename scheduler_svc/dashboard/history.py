@@ -42,6 +42,8 @@ class DashboardHistory(EngineObserver):
         self.workers: dict[str, WorkerHistory] = {}
         self.t0 = time.monotonic()
         self.num_finished_by_reason: dict[str, int] = {}
+        self.deadlines: dict[tuple[str, int], list[int]] = {}  # (tenant, priority) -> [met, of]
+        self.met_times: deque = deque(maxlen=4096)  # when requests met their deadlines
 
     def bind(self, engine: ServingEngine) -> None:
         self.engine = engine
@@ -55,6 +57,19 @@ class DashboardHistory(EngineObserver):
     def on_request_finished(self, state) -> None:
         key = str(state.finish_reason)
         self.num_finished_by_reason[key] = self.num_finished_by_reason.get(key, 0) + 1
+        deadline = getattr(state, "deadline", None)
+        if deadline is not None:
+            end = state.finish_time if state.finish_time is not None else time.monotonic()
+            met = key not in ("error", "abort") and end <= deadline
+            counts = self.deadlines.setdefault((state.tenant or "", state.priority), [0, 0])
+            counts[0] += met
+            counts[1] += 1
+            if met:
+                self.met_times.append(end)
+
+    def goodput_per_s(self, now: float, window: float = 60.0) -> float:
+        """Requests that met their deadlines per second over the last ``window`` seconds."""
+        return sum(1 for t in self.met_times if t >= now - window) / window
 
     def on_step(
         self, session: WorkerSession, out: SchedulerOutput, reply: StepReply, step_s: float
@@ -131,5 +146,10 @@ class DashboardHistory(EngineObserver):
             "num_queued": queued,
             "num_finished": getattr(engine, "num_finished", 0),
             "finished_by_reason": dict(self.num_finished_by_reason),
+            "goodput_per_s": round(self.goodput_per_s(now), 3),
+            "deadlines": [
+                {"tenant": t, "priority": p, "met": met, "of": of, "rate": met / of}
+                for (t, p), (met, of) in sorted(self.deadlines.items())
+            ],
             "workers": workers,
         }

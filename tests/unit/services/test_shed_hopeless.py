@@ -74,3 +74,24 @@ def test_without_the_flag_the_hopeless_request_is_served_late():
         return r.status_code
 
     assert run(body, scheduling_policy="goodput") == 200
+
+
+def test_deadlines_met_and_missed_reach_metrics_and_dashboard():
+    async def body(client, ctx):
+        common = {"model": MODEL, "prompt": "Hello world", "temperature": 0}
+        ok = await client.post("/v1/completions", json={**common, "max_tokens": 4, "deadline": 60})
+        shed = await client.post(
+            "/v1/completions", json={**common, "max_tokens": 400, "deadline": 0.05}
+        )
+        metrics = (await client.get("/metrics")).text
+        state = (await client.get("/dashboard/api/state")).json()
+        return ok.status_code, shed.status_code, metrics, state
+
+    ok, shed, metrics, state = run(body, scheduling_policy="goodput", shed_hopeless=True)
+    assert (ok, shed) == (200, 429)
+    assert 'splitserve:deadline_requests_total{priority="0",tenant=""} 2.0' in metrics
+    assert 'splitserve:deadline_met_total{priority="0",tenant=""} 1.0' in metrics
+    assert 'splitserve:deadline_met_ratio{priority="0",tenant=""} 0.5' in metrics
+    assert "splitserve:output_length_prediction_abs_error_tokens" in metrics
+    assert state["deadlines"] == [{"tenant": "", "priority": 0, "met": 1, "of": 2, "rate": 0.5}]
+    assert state["goodput_per_s"] > 0
