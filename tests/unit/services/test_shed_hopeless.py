@@ -6,9 +6,17 @@ from __future__ import annotations
 import asyncio
 import time
 
+import grpc
+import pytest
+
+from common.pb import generation_pb2 as pb
+from common.pb import sampling_pb2
 from scheduler_svc.core import FinishReason
+from scheduler_svc.generation_service import GenerationService
+from scheduler_svc.intake import Intake
 from tests.engine_fakes import FakeWorker, drain, make_engine, make_state, registration, run_session
-from tests.unit.services.test_http_api import MODEL, run
+from tests.unit.services.test_http_api import MODEL, TOK, run
+from tests.unit.services.test_policy_set_priority import Aborted, FakeContext
 
 
 def test_hopeless_request_ends_at_once_with_resource_exhausted():
@@ -95,3 +103,27 @@ def test_deadlines_met_and_missed_reach_metrics_and_dashboard():
     assert "splitserve:output_length_prediction_abs_error_tokens" in metrics
     assert state["deadlines"] == [{"tenant": "", "priority": 0, "met": 1, "of": 2, "rate": 0.5}]
     assert state["goodput_per_s"] > 0
+
+
+def test_hopeless_request_is_resource_exhausted_over_grpc():
+    async def main():
+        engine = make_engine(scheduling_policy="goodput", shed_hopeless=True)
+        session = engine.attach(registration("w"), FakeWorker())
+        task = asyncio.create_task(run_session(engine, session))
+        service = GenerationService(engine, Intake(TOK, MODEL, {MODEL}, 512))
+        request = pb.GenerateRequest(
+            text="Hello world",
+            sampling=sampling_pb2.SamplingParams(max_tokens=400, temperature=0.0),
+            deadline_s=0.05,
+        )
+        try:
+            with pytest.raises(Aborted) as info:
+                async for _ in service.Generate(request, FakeContext()):
+                    pass
+        finally:
+            session.mark_lost("test over")
+            await task
+        return info.value.args
+
+    code, message = asyncio.run(main())
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "deadline" in message
