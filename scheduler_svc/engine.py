@@ -33,6 +33,7 @@ from scheduler_svc.core import (
     create_request_queue,
     validate_request,
 )
+from scheduler_svc.core.remaining_work import StepFit
 from scheduler_svc.observer import EngineObserver
 from scheduler_svc.policy_control import set_priority
 from scheduler_svc.request_state import RequestState
@@ -502,7 +503,19 @@ class ServingEngine:
             outputs = sched.update_from_output(out, reply.sampled)
             self.observer.on_step(session, out, reply, time.perf_counter() - started)
             self.slo.on_step(sched, out, time.perf_counter() - started)
+            self._measured_costs()
             self._deliver_step(session, outputs, reply.logprobs)
+
+    def _measured_costs(self) -> None:
+        """The policy's cost model follows the step time SLO admission fits and the live
+        workers; a decode batch is taken as half of max_num_seqs full, as the simulator's
+        scenarios do."""
+        steps = self.slo.steps
+        if not steps.ready:
+            return
+        workers = sum(1 for s in self.sessions.values() if not s.lost)
+        batch = max(1, self.config.max_num_seqs // 2)
+        self.policy.measured(StepFit(*steps.coefficients()), batch, max(1, workers))
 
     def _set_stream_interval(self, interval: int) -> None:
         """Adaptive --stream-interval: every stream from now on."""

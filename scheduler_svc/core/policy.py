@@ -13,9 +13,12 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from scheduler_svc.core.request import Request
+
+if TYPE_CHECKING:
+    from scheduler_svc.core.remaining_work import StepFit
 
 _REGISTRY: dict[str, type[SchedulingPolicy]] = {}
 # victims whose waste per freed block is within this fraction of the least count as equal: only
@@ -44,6 +47,9 @@ class SchedulingPolicy:
         admission goes on with the next); default True.
     hopeless_waiting(): waiting requests to end now (FinishReason.SHED) because they can no
         longer meet their targets; called once per step; default none (goodput's shed_hopeless).
+    measured(fit, batch, num_workers): the workers' step time as measured and how many workers
+        serve; a policy with a cost model (deadline, goodput) replaces its estimates; default
+        ignores it.
     make_queue(): optional; a policy that needs its own queue structure returns it here.
     clock: the time source for time-dependent keys (the simulator sets a simulated clock).
     """
@@ -90,6 +96,9 @@ class SchedulingPolicy:
 
     def hopeless_waiting(self) -> list[Request]:
         return []
+
+    def measured(self, fit: StepFit, batch: int, num_workers: int) -> None:
+        """The service's measured step costs (see the class docstring)."""
 
 
 def register_policy(cls: type[SchedulingPolicy]) -> type[SchedulingPolicy]:

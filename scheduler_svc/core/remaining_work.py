@@ -136,6 +136,28 @@ class ServiceCosts:
                 raise ValueError(f"{name} must be a finite number >= 0; got {v!r}")
 
 
+@dataclass(slots=True, frozen=True)
+class StepFit:
+    """A worker's step time as measured: ``base_s + per_token_s * tokens`` (the service fits it
+    online from the steps the workers ran, as SLO admission does)."""
+
+    base_s: float
+    per_token_s: float
+
+    @property
+    def usable(self) -> bool:
+        """A fit that says something: finite, not negative, and a step takes time."""
+        a, b = self.base_s, self.per_token_s
+        return math.isfinite(a) and math.isfinite(b) and a >= 0 and b >= 0 and a + b > 0
+
+    def service_costs(self, batch: int) -> ServiceCosts:
+        """A prompt token costs its marginal share of a step; an output token one step of one
+        sequence in latency, and its share of a step of ``batch`` sequences in machine time."""
+        a, b = self.base_s, self.per_token_s
+        batch = max(1, batch)
+        return ServiceCosts(b, a + b, (a + b * batch) / batch)
+
+
 def tokens_to_compute(request: Request) -> int:
     """Tokens known but not computed: the prompt left to prefill (a recomputed request: also
     its output so far)."""

@@ -1,7 +1,9 @@
 """Goodput: serve so that as many requests as possible finish within their deadlines.
 
 Every step (``refresh``) the policy re-plans over the requests it knows, waiting and running,
-with their predicted remaining work (core/remaining_work.py):
+with their predicted remaining work (core/remaining_work.py). Its step costs start as the
+constructor's and, in the service, follow the workers' measured step time and the number of
+live workers (``measured``, called by the engine after every step):
 
 - **hopeless**: even alone it would finish after its deadline. It can no longer count.
 - **the feasible set**: the others in earliest-deadline order, each adding its worker time
@@ -37,6 +39,7 @@ from scheduler_svc.core.policy import SchedulingPolicy, register_policy
 from scheduler_svc.core.remaining_work import (
     OutputLengthPredictor,
     ServiceCosts,
+    StepFit,
     latency_s,
     tokens_to_compute,
     work_s,
@@ -103,6 +106,15 @@ class GoodputPolicy(SchedulingPolicy):
         self._known: dict[str, Request] = {}  # unfinished requests seen by key() or account()
         self.num_demoted = 0
         self.num_shed = 0
+
+    def measured(self, fit: StepFit, batch: int, num_workers: int) -> None:
+        """Costs from the workers' measured step time: one more sequence in a decode step adds
+        one token's marginal cost."""
+        if not fit.usable:
+            return
+        self.costs = fit.service_costs(batch)
+        self.decode_s_per_seq = fit.per_token_s
+        self.num_workers = max(1, num_workers)
 
     # -- the plan ------------------------------------------------------------------------------
     def _outputs_left(self, request: Request) -> int:

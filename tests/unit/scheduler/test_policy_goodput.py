@@ -206,3 +206,32 @@ def test_output_length_learned_per_tenant_and_error_reported():
     assert pred.predict(request("n", prompt(30), max_tokens=100, tenant="a")) == 25
     assert pred.predict(request("m", prompt(30), max_tokens=40, tenant="a")) == 10
     assert pred.error.count == 4 and pred.error.mean_abs_tokens == pytest.approx(75 / 2)
+
+
+def test_measured_step_costs_replace_the_defaults():
+    from scheduler_svc.core.remaining_work import StepFit
+
+    policy = GoodputPolicy()
+    policy.measured(StepFit(base_s=0.03, per_token_s=1e-3), batch=4, num_workers=3)
+    assert policy.costs.prefill_s_per_token == pytest.approx(1e-3)
+    assert policy.costs.decode_s_per_token == pytest.approx(0.031)
+    assert policy.costs.decode_work_s_per_token == pytest.approx((0.03 + 4e-3) / 4)
+    assert policy.decode_s_per_seq == pytest.approx(1e-3)
+    assert policy.num_workers == 3
+    before = policy.costs
+    policy.measured(StepFit(base_s=0.0, per_token_s=0.0), batch=4, num_workers=1)
+    assert policy.costs == before  # nothing measured says nothing
+
+
+def test_slower_measured_steps_make_a_request_hopeless():
+    from scheduler_svc.core.remaining_work import StepFit
+
+    policy = GoodputPolicy()
+    policy.clock = lambda: 0.0
+    r = request("r", prompt(10), max_tokens=10)
+    r.deadline = 1.0
+    policy.key(r)
+    policy.measured(StepFit(base_s=0.05, per_token_s=0.0), batch=1, num_workers=1)
+    assert "r" in policy.replan(0.0).feasible  # 10 steps of 50 ms
+    policy.measured(StepFit(base_s=0.2, per_token_s=0.0), batch=1, num_workers=1)
+    assert "r" in policy.replan(0.0).hopeless  # 10 steps of 200 ms

@@ -127,3 +127,27 @@ def test_hopeless_request_is_resource_exhausted_over_grpc():
 
     code, message = asyncio.run(main())
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "deadline" in message
+
+
+def test_goodput_costs_follow_the_measured_step_time_and_the_live_workers():
+    async def main():
+        engine = make_engine(scheduling_policy="goodput")
+        default = engine.policy.costs
+        sessions = [engine.attach(registration(w), FakeWorker()) for w in ("a", "b")]
+        tasks = [asyncio.create_task(run_session(engine, s)) for s in sessions]
+        states = [make_state(f"r{k}", [1, 2, 3, 4 + k], 6) for k in range(4)]
+        for state in states:
+            engine.submit(state)
+        await asyncio.gather(*(drain(s) for s in states))
+        a, b = engine.slo.steps.coefficients()
+        costs, workers = engine.policy.costs, engine.policy.num_workers
+        for s in sessions:
+            s.mark_lost("test over")
+        await asyncio.gather(*tasks)
+        return default, costs, workers, a, b
+
+    default, costs, workers, a, b = asyncio.run(main())
+    assert costs != default
+    assert costs.prefill_s_per_token == pytest.approx(b)
+    assert costs.decode_s_per_token == pytest.approx(a + b)
+    assert workers == 2
