@@ -6,6 +6,7 @@ hint, before it costs any memory or KV blocks.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -37,6 +38,21 @@ def parse_tenants(spec: str) -> dict[str, float]:
             raise ValueError(f"bad tenant {item!r} in --tenants; use name[:weight>0],...")
         tenants[name] = value
     return tenants
+
+
+def parse_tenant_seconds(spec: str, flag: str) -> dict[str, float]:
+    """ "a:0.5,b:2" -> {"a": 0.5, "b": 2.0}: a number of seconds > 0 per tenant."""
+    out: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, seconds = item.partition(":")
+        try:
+            value = float(seconds)
+        except ValueError:
+            value = math.nan
+        if not name or not (math.isfinite(value) and value > 0):
+            raise ValueError(f"bad tenant {item!r} in {flag}; use name:seconds>0,...")
+        out[name] = value
+    return out
 
 
 @dataclass(slots=True)

@@ -48,6 +48,12 @@ class SchedulerServiceConfig:
     tenant_rate_limit: float = _opt(0.0, "requests/s each tenant may start (0 = off)")
     tenant_burst: int = _opt(10, "requests a tenant may start at once above its rate")
     tenants: str = _opt("", "known tenants and weights 'a:10,b:1' (empty = any tenant)")
+    tenant_ttft_targets: str = _opt(
+        "", "goodput: each tenant's TTFT target in seconds 'a:0.5,b:2' (a request's own wins)"
+    )
+    tenant_tpot_targets: str = _opt(
+        "", "goodput: each tenant's TPOT target in seconds 'a:0.05' (a request's own wins)"
+    )
     ttft_slo_ms: float = _opt(0.0, "refuse requests whose predicted time to first token exceeds it")
     thrash_threshold: float = _opt(0.2, "recomputed/newly computed tokens that count as thrashing")
     thrash_window_s: float = _opt(10.0, "seconds over which the thrash ratio is measured")

@@ -19,7 +19,7 @@ from typing import Any
 from common.convert import TokenLogprobs
 from common.logging import get_logger
 from scheduler_svc import cluster_view, placement
-from scheduler_svc.admission import AdmissionControl, parse_tenants
+from scheduler_svc.admission import AdmissionControl, parse_tenant_seconds, parse_tenants
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.core import (
     FinishReason,
@@ -68,6 +68,9 @@ class ServingEngine:
             config.tenant_burst,
             parse_tenants(config.tenants),
         )
+        # a tenant's TTFT and TPOT targets, for its requests that set none of their own
+        self.tenant_ttft = parse_tenant_seconds(config.tenant_ttft_targets, "--tenant-ttft-targets")
+        self.tenant_tpot = parse_tenant_seconds(config.tenant_tpot_targets, "--tenant-tpot-targets")
         self.frontends: dict[str, Any] = {}  # front-end id -> its FrontendSession (remote ones)
         # a new leader rebuilding (scheduler_svc/takeover.py): nothing is dispatched until the
         # workers and front-ends of the old leader have reported what they hold
@@ -90,6 +93,11 @@ class ServingEngine:
                 f"request id {state.request_id!r} is already in flight; use a unique id"
             )
         self.admission.check(state.tenant, len(self.waiting))
+        tenant = state.tenant or ""
+        if state.ttft_target_s is None:
+            state.ttft_target_s = self.tenant_ttft.get(tenant)
+        if state.tpot_target_s is None:
+            state.tpot_target_s = self.tenant_tpot.get(tenant)
         request = state.to_core_request()
         live = self._live_sessions()
         if live:  # refuse now what even the largest worker could never run

@@ -155,8 +155,10 @@ class Intake:
         validate_sampling_params(params)
         self.check_token_ids(params.stop_token_ids, "stop_token_ids")
         check_stop_strings(stop)
-        if not math.isfinite(request.deadline_s) or request.deadline_s < 0:
-            raise FieldRejected("deadline_s", "deadline_s must be a finite number of seconds >= 0")
+        for name in ("deadline_s", "ttft_target_s", "tpot_target_s"):
+            value = getattr(request, name)
+            if not math.isfinite(value) or value < 0:
+                raise FieldRejected(name, f"{name} must be a finite number of seconds >= 0")
         prompt = self.prompt_from_proto(request)
         asked = request.sampling.max_tokens if request.sampling.HasField("max_tokens") else None
         params.max_tokens = self.max_tokens_for(len(prompt), asked, params.max_tokens)
@@ -169,6 +171,8 @@ class Intake:
             tenant=request.tenant or None,
             deadline_s=request.deadline_s,
             skip_special_tokens=not request.include_special_tokens,
+            ttft_target_s=request.ttft_target_s,
+            tpot_target_s=request.tpot_target_s,
         )
 
     def build_group(self, request: gen_pb.GenerateRequest) -> list[RequestState]:
@@ -207,6 +211,8 @@ class Intake:
                 tenant=first.tenant,
                 deadline_s=deadline_s,
                 skip_special_tokens=skip_special_tokens,
+                ttft_target_s=first.ttft_target_s or 0.0,
+                tpot_target_s=first.tpot_target_s or 0.0,
             )
             sibling.prefill_after = first.request_id
             group.append(sibling)
@@ -222,6 +228,8 @@ class Intake:
         tenant=None,
         deadline_s=0.0,
         skip_special_tokens=True,
+        ttft_target_s=0.0,
+        tpot_target_s=0.0,
     ) -> RequestState:
         if not prompt:
             raise FieldRejected("prompt", "the prompt is empty after tokenization")
@@ -266,6 +274,8 @@ class Intake:
             priority=priority,
             tenant=tenant,
             deadline=now + deadline_s if deadline_s else None,
+            ttft_target_s=ttft_target_s or None,
+            tpot_target_s=tpot_target_s or None,
             eos_token_id=self.tokenizer.eos_token_id,
             arrival_time=now,
         )

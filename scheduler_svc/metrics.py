@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from scheduler_svc.core import FinishReason
+from scheduler_svc.core.remaining_work import targets_met
 from scheduler_svc.observer import EngineObserver
 
 if TYPE_CHECKING:
@@ -385,19 +386,20 @@ class MetricsObserver(EngineObserver):
         lt = ["tenant", "priority"]
         self.deadline_requests = Counter(
             P + "deadline_requests",
-            "Finished requests that had a deadline (shed and failed ones included)",
+            "Finished requests that had a deadline or a TTFT or TPOT target (shed and failed "
+            "ones included)",
             lt,
             registry=r,
         )
         self.deadline_met = Counter(
             P + "deadline_met",
-            "Requests that finished by their deadline (its rate is the goodput)",
+            "Requests that met their deadline and TTFT and TPOT targets (its rate is the goodput)",
             lt,
             registry=r,
         )
         self.deadline_met_ratio = Gauge(
             P + "deadline_met_ratio",
-            "Fraction of the requests with a deadline that met it, since the start",
+            "Fraction of the requests with targets that met them all, since the start",
             lt,
             registry=r,
         )
@@ -477,8 +479,18 @@ class MetricsObserver(EngineObserver):
         self.request_success.labels(finished_reason=str(reason)).inc()
         end = state.finish_time if state.finish_time is not None else time.monotonic()
         deadline = getattr(state, "deadline", None)
-        if deadline is not None:
-            self._count_deadline(state, reason is not FinishReason.ERROR and end <= deadline)
+        ttft, tpot = getattr(state, "ttft_target_s", None), getattr(state, "tpot_target_s", None)
+        if deadline is not None or ttft is not None or tpot is not None:
+            met = reason is not FinishReason.ERROR and targets_met(
+                arrival=state.arrival_time,
+                first_token=state.first_token_time,
+                finish=end,
+                num_outputs=len(state.output_token_ids),
+                deadline=deadline,
+                ttft_target_s=ttft,
+                tpot_target_s=tpot,
+            )
+            self._count_deadline(state, met)
         if reason is FinishReason.ERROR:
             return
         self.e2e.observe(max(0.0, end - state.arrival_time))

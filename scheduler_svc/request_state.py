@@ -130,6 +130,8 @@ class RequestState:
     priority: int = 0
     tenant: str | None = None
     deadline: float | None = None
+    ttft_target_s: float | None = None  # seconds from arrival to the first token, at most
+    tpot_target_s: float | None = None  # mean seconds between output tokens, at most
     eos_token_id: int | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
@@ -167,6 +169,10 @@ class RequestState:
             eos_token_id=self.eos_token_id,
             tenant=self.tenant,
             deadline=self.deadline,
+            ttft_deadline=(
+                None if self.ttft_target_s is None else self.arrival_time + self.ttft_target_s
+            ),
+            tpot_target_s=self.tpot_target_s,
             output_token_ids=list(self.output_token_ids),
         )
 

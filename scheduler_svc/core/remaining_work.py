@@ -7,6 +7,13 @@ two), falling back to the tenant's, then everyone's, then 1 (no history: ``max_t
 prediction made when a request is first seen is checked against its real output length when it
 finishes; ``error()`` reports the mean absolute and the mean signed error (the bias).
 
+Targets: an absolute deadline, a TTFT target (the first token due at ``ttft_deadline``) and a
+TPOT target (mean time between output tokens at most ``tpot_target_s``). ``due`` folds them into
+the time by which the rest of the request must be done: a request whose first token is still to
+come must have it by ``ttft_deadline`` and then decode at one step per token; a TPOT target is no
+deadline (waiting does not spend it) but bounds the step time of the batch the request shares.
+``targets_met`` says whether a finished request met all of its targets.
+
 Cost: the worker's measured step costs (the simulator's cost model and SLO admission fit the same
 ``a + b * tokens``): a prefill token costs ``prefill_s_per_token``; an output token costs one
 decode step of latency (``decode_s_per_token``) but only its share of a batched step in machine
@@ -178,3 +185,43 @@ def work_s(request: Request, outputs_left: int, costs: ServiceCosts) -> float:
         tokens_to_compute(request) * costs.prefill_s_per_token
         + outputs_left * costs.decode_work_s_per_token
     )
+
+
+def has_targets(request: Request) -> bool:
+    return (
+        request.deadline is not None
+        or request.ttft_deadline is not None
+        or request.tpot_target_s is not None
+    )
+
+
+def due(request: Request, outputs_left: int, costs: ServiceCosts) -> float | None:
+    """When the rest of the request must be done to meet its deadline and TTFT target (None:
+    neither applies any more); see the module doc."""
+    d = request.deadline
+    first = request.ttft_deadline
+    if first is not None and request.num_output_tokens == 0:
+        by_first = first + max(0, outputs_left - 1) * costs.decode_s_per_token
+        d = by_first if d is None else min(d, by_first)
+    return d
+
+
+def targets_met(
+    *,
+    arrival: float,
+    first_token: float | None,
+    finish: float,
+    num_outputs: int,
+    deadline: float | None = None,
+    ttft_target_s: float | None = None,
+    tpot_target_s: float | None = None,
+) -> bool:
+    """A finished request met its targets: done by the deadline, first token within the TTFT
+    target, mean time between output tokens within the TPOT target."""
+    if deadline is not None and finish > deadline:
+        return False
+    if ttft_target_s is not None and (first_token is None or first_token - arrival > ttft_target_s):
+        return False
+    if tpot_target_s is not None and first_token is not None and num_outputs > 1:
+        return (finish - first_token) / (num_outputs - 1) <= tpot_target_s
+    return True

@@ -39,6 +39,8 @@ class Request:
     eos_token_id: int | None = None
     tenant: str | None = None
     deadline: float | None = None  # absolute time.monotonic() deadline, policy hint
+    ttft_deadline: float | None = None  # absolute time its first token is due (a TTFT target)
+    tpot_target_s: float | None = None  # mean seconds between its output tokens, at most
     # tokens generated before this scheduler saw the request (migration from a lost worker)
     output_token_ids: list[int] = field(default_factory=list)
 

@@ -104,6 +104,8 @@ def _state(
         tenant=body.tenant or None,
         deadline_s=body.deadline or 0.0,
         skip_special_tokens=body.skip_special_tokens,
+        ttft_target_s=body.ttft_target_s or 0.0,
+        tpot_target_s=body.tpot_target_s or 0.0,
     )
 
 

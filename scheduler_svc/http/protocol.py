@@ -55,6 +55,8 @@ class _SamplingBody(BaseModel):
     priority: int = 0  # lower value = more important (with --scheduling-policy priority)
     tenant: str | None = None
     deadline: float | None = Field(None, ge=0)  # seconds from now; a scheduling hint
+    ttft_target_s: float | None = Field(None, ge=0, allow_inf_nan=False)  # first token within
+    tpot_target_s: float | None = Field(None, ge=0, allow_inf_nan=False)  # mean token gap within
     request_id: str | None = Field(None, max_length=MAX_REQUEST_ID_LEN)
     # structured output, vLLM's fields: one of them (chat also takes response_format)
     structured_outputs: dict[str, Any] | None = (

@@ -1,4 +1,10 @@
-"""Goodput: serve so that as many requests as possible finish within their deadlines.
+"""Goodput: serve so that as many requests as possible finish within their targets.
+
+A request's targets are a deadline, a TTFT target, a TPOT target or several;
+``remaining_work.due`` folds the first two into the time its remaining work is due, which is what
+"deadline" means below. A TPOT target is met by the batch, not the order: a request is hopeless
+when one decode step alone is slower than its target, and admission keeps every batch's step
+within the TPOT targets of the requests in it.
 
 Every step (``refresh``) the policy re-plans over the requests it knows, waiting and running,
 with their predicted remaining work (core/remaining_work.py). Its step costs start as the
@@ -40,6 +46,8 @@ from scheduler_svc.core.remaining_work import (
     OutputLengthPredictor,
     ServiceCosts,
     StepFit,
+    due,
+    has_targets,
     latency_s,
     tokens_to_compute,
     work_s,
@@ -126,6 +134,13 @@ class GoodputPolicy(SchedulingPolicy):
     def work_s(self, request: Request) -> float:
         return work_s(request, self._outputs_left(request), self.costs)
 
+    def due(self, request: Request) -> float | None:
+        return due(request, self._outputs_left(request), self.costs)
+
+    def _too_slow(self, request: Request, step_s: float) -> bool:
+        tpot = request.tpot_target_s
+        return tpot is not None and step_s > tpot
+
     def _forget_finished(self) -> None:
         known = self._known
         done = [rid for rid, r in known.items() if r.status is RequestStatus.FINISHED]
@@ -139,17 +154,18 @@ class GoodputPolicy(SchedulingPolicy):
         aged: set[str] = set()
         committed = 0.0  # worker time of what runs regardless of deadlines
         candidates: list[tuple[float, float, Request]] = []
+        alone = self._step_s(1)
         for rid, r in self._known.items():
-            d = r.deadline
+            d = self.due(r)
             waiting = r.status in _WAITING
             if waiting and now - r.arrival_time >= self.max_wait_s:
                 aged.add(rid)
                 committed += self.work_s(r)
+            elif self._too_slow(r, alone) or (d is not None and now + self.latency_s(r) > d):
+                hopeless.add(rid)
             elif d is None:
                 if not waiting:
                     committed += self.work_s(r)
-            elif now + self.latency_s(r) > d:
-                hopeless.add(rid)
             else:
                 candidates.append((d, r.arrival_time, r))
         candidates.sort(key=lambda c: (c[0], c[1]))
@@ -211,7 +227,7 @@ class GoodputPolicy(SchedulingPolicy):
         standing = self.plan.standing(rid)
         if standing == 0:
             return (_FEASIBLE, arrival + self.max_wait_s, arrival)
-        d = request.deadline
+        d = self.due(request)
         if d is None or standing == 2:
             return (_DEMOTED, arrival, arrival)
         # feasible, or not planned yet (a new arrival): feasible until a re-plan says otherwise
@@ -222,8 +238,12 @@ class GoodputPolicy(SchedulingPolicy):
         standing = plan.standing(request.request_id)
         if standing == 0:
             return True  # aged: the wait bound wins
-        if standing == 2 or request.deadline is None:
+        if standing == 2:
             return not plan.feasible  # best effort: only while no deadline can be won
+        if self.due(request) is None:  # no target, or only a TPOT target: best effort too
+            if plan.feasible:
+                return False
+            return request.tpot_target_s is None or self._fits_batch(request)
         return self._fits_batch(request)
 
     def _step_s(self, batch: int) -> float:
@@ -235,17 +255,23 @@ class GoodputPolicy(SchedulingPolicy):
         return prefill + self._outputs_left(request) * step_s
 
     def _fits_batch(self, request: Request) -> bool:
-        """Joining the batch, the request makes its deadline and costs no running request
-        its own (running requests already late do not count)."""
+        """Joining the batch, the request makes its targets and costs no running request its
+        own (running requests already late or too slow do not count)."""
         now = self.clock()
         running = [r for r in self._known.values() if r.status is RequestStatus.RUNNING]
         step_now, step_then = self._step_s(len(running)), self._step_s(len(running) + 1)
         delay = tokens_to_compute(request) * self.costs.prefill_s_per_token
-        assert request.deadline is not None
-        if now + self._finish_s(request, step_then) > request.deadline:
+        mine = self.due(request)
+        if mine is not None and now + self._finish_s(request, step_then) > mine:
+            return False
+        if self._too_slow(request, step_then):
             return False
         for r in running:
-            d = r.deadline
+            if not has_targets(r) or self._too_slow(r, step_now):
+                continue
+            if self._too_slow(r, step_then):
+                return False
+            d = self.due(r)
             if d is None or now + self._finish_s(r, step_now) > d:
                 continue
             if now + delay + self._finish_s(r, step_then) > d:
@@ -254,7 +280,7 @@ class GoodputPolicy(SchedulingPolicy):
 
     def victim_key(self, request: Request) -> tuple[int, float]:
         rid = request.request_id
-        d = request.deadline
+        d = self.due(request)
         if d is None or rid not in self.plan.feasible:
             return (2, 0.0)
         recompute = request.num_computed_tokens * self.costs.prefill_s_per_token

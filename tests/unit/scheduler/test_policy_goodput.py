@@ -235,3 +235,50 @@ def test_slower_measured_steps_make_a_request_hopeless():
     assert "r" in policy.replan(0.0).feasible  # 10 steps of 50 ms
     policy.measured(StepFit(base_s=0.2, per_token_s=0.0), batch=1, num_workers=1)
     assert "r" in policy.replan(0.0).hopeless  # 10 steps of 200 ms
+
+
+def test_a_ttft_target_orders_like_a_deadline_for_the_first_token():
+    policy = GoodputPolicy(prefill_s_per_token=0.0, decode_s_per_token=0.01)
+    policy.clock = lambda: 0.0
+    late = request("late", prompt(4), max_tokens=10)
+    late.deadline = 5.0
+    soon = request("soon", prompt(4), max_tokens=10)
+    soon.ttft_deadline = 0.5  # first token by 0.5 s, then 9 steps: due at 0.59 s
+    assert policy.due(soon) == pytest.approx(0.59)
+    assert policy.key(soon) < policy.key(late)
+    hopeless = request("hopeless", prompt(4), max_tokens=10)
+    hopeless.ttft_deadline = 0.005  # its first token takes one step of 10 ms
+    policy.key(hopeless)
+    assert "hopeless" in policy.replan(0.0).hopeless
+    soon.output_token_ids.append(7)  # the first token is out: the TTFT target is settled
+    assert policy.due(soon) is None
+
+
+def test_a_tpot_target_bounds_the_batch_it_shares():
+    policy = GoodputPolicy(prefill_s_per_token=0.0, decode_s_per_token=0.02, decode_s_per_seq=0.01)
+    policy.clock = lambda: 0.0
+    running = request("running", prompt(4), max_tokens=50)
+    running.tpot_target_s = 0.025  # one step alone 20 ms; two in the batch: 30 ms
+    policy.account([running], [4])
+    running.status = RequestStatus.RUNNING
+    newcomer = request("new", prompt(4), max_tokens=5)
+    newcomer.deadline = 10.0
+    policy.key(newcomer)
+    policy.refresh(0.0)
+    assert not policy.admits(newcomer)
+    running.tpot_target_s = 0.035
+    assert policy.admits(newcomer)
+    newcomer.tpot_target_s = 0.015  # slower than a step alone: hopeless
+    policy.refresh(0.0)
+    assert "new" in policy.plan.hopeless
+
+
+def test_targets_met_checks_the_deadline_the_first_token_and_the_mean_gap():
+    from scheduler_svc.core.remaining_work import targets_met
+
+    ok = {"arrival": 0.0, "first_token": 0.2, "finish": 1.2, "num_outputs": 11}
+    assert targets_met(**ok, deadline=1.5, ttft_target_s=0.3, tpot_target_s=0.1)
+    assert not targets_met(**ok, deadline=1.0)
+    assert not targets_met(**ok, ttft_target_s=0.1)
+    assert not targets_met(**ok, tpot_target_s=0.09)
+    assert not targets_met(**{**ok, "first_token": None}, ttft_target_s=5.0)

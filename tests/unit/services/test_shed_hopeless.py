@@ -151,3 +151,47 @@ def test_goodput_costs_follow_the_measured_step_time_and_the_live_workers():
     assert costs.prefill_s_per_token == pytest.approx(b)
     assert costs.decode_s_per_token == pytest.approx(a + b)
     assert workers == 2
+
+
+def test_ttft_and_tpot_targets_per_request_and_per_tenant_reach_goodput_and_metrics():
+    async def body(client, ctx):
+        common = {"model": MODEL, "prompt": "Hello world", "temperature": 0}
+        own = await client.post(
+            "/v1/completions", json={**common, "max_tokens": 400, "ttft_target_s": 0.0001}
+        )
+        by_tenant = await client.post(
+            "/v1/completions", json={**common, "max_tokens": 400, "tenant": "t"}
+        )
+        paced = await client.post(
+            "/v1/completions", json={**common, "max_tokens": 4, "tpot_target_s": 60}
+        )
+        metrics = (await client.get("/metrics")).text
+        return own.status_code, by_tenant.status_code, paced.status_code, metrics
+
+    own, by_tenant, paced, metrics = run(
+        body,
+        scheduling_policy="goodput",
+        shed_hopeless=True,
+        tenant_ttft_targets="t:0.0001",
+    )
+    assert (own, by_tenant, paced) == (429, 429, 200)
+    assert 'splitserve:deadline_requests_total{priority="0",tenant=""} 2.0' in metrics
+    assert 'splitserve:deadline_met_total{priority="0",tenant=""} 1.0' in metrics
+    assert 'splitserve:deadline_requests_total{priority="0",tenant="t"} 1.0' in metrics
+
+
+def test_targets_travel_over_grpc_into_the_core_request():
+    from scheduler_svc.intake import FieldRejected
+
+    intake = Intake(TOK, MODEL, {MODEL}, 512)
+    req = pb.GenerateRequest(
+        text="Hello world",
+        sampling=sampling_pb2.SamplingParams(max_tokens=4),
+        ttft_target_s=0.5,
+        tpot_target_s=0.05,
+    )
+    core = intake.build(req).to_core_request()
+    assert core.ttft_deadline == pytest.approx(core.arrival_time + 0.5)
+    assert core.tpot_target_s == 0.05
+    with pytest.raises(FieldRejected):
+        intake.build(pb.GenerateRequest(text="x", tpot_target_s=-1.0))
