@@ -25,6 +25,7 @@ from scheduler_svc.core import (
     FinishReason,
     RequestOutput,
     RequestRejected,
+    RequestStatus,
     Scheduler,
     SchedulerConfig,
     SchedulerOutput,
@@ -289,6 +290,16 @@ class ServingEngine:
         state.fail(f"request {request_id!r} can no longer finish by its deadline: shed", code)
         self._end(state)
 
+    def shed_hopeless_waiting(self) -> None:
+        """Hopeless requests still in the global queue end as those in a worker's queue do
+        (the policy's last re-plan says which; it re-plans in every worker's step)."""
+        for request in self.policy.hopeless_waiting():
+            if self.waiting.remove(request.request_id) is None:
+                continue  # on a worker: its scheduler sheds it
+            request.status = RequestStatus.FINISHED
+            request.finish_reason = FinishReason.SHED
+            self._shed(request.request_id)
+
     def _end(self, state: RequestState) -> None:
         """Bookkeeping once a request's stream has its last message."""
         self.requests.pop(state.request_id, None)
@@ -478,6 +489,7 @@ class ServingEngine:
                     out = sched.schedule()
                     for shed in sched.take_shed():
                         self._shed(shed.request_id)
+                    self.shed_hopeless_waiting()
                     if not _has_work(out):
                         after_pause = True
                         break

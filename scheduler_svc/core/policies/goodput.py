@@ -28,7 +28,8 @@ live workers (``measured``, called by the engine after every step):
   request that has waited ``max_wait_s`` joins the feasible set's order as if due then and is
   admitted, so nothing waits much longer than that.
 - ``shed_hopeless``: hopeless requests still waiting are ended at once instead
-  (FinishReason.SHED, see ``Scheduler._shed_hopeless``), so their clients hear early.
+  (FinishReason.SHED), so their clients hear early: in a worker's queue by
+  ``Scheduler._shed_hopeless``, in the service's global queue by the engine.
 
 Victims of preemption: first a request outside the feasible set (its loss costs no met
 deadline), then one that would still make its deadline after recomputing (most slack first),
@@ -113,7 +114,6 @@ class GoodputPolicy(SchedulingPolicy):
         self.plan = GoodputPlan()
         self._known: dict[str, Request] = {}  # unfinished requests seen by key() or account()
         self.num_demoted = 0
-        self.num_shed = 0
 
     def measured(self, fit: StepFit, batch: int, num_workers: int) -> None:
         """Costs from the workers' measured step time: one more sequence in a decode step adds
@@ -213,9 +213,7 @@ class GoodputPolicy(SchedulingPolicy):
         if not self.shed_hopeless:
             return []
         known = self._known
-        out = [known[rid] for rid in self.plan.hopeless if known[rid].status in _WAITING]
-        self.num_shed += len(out)
-        return out
+        return [known[rid] for rid in self.plan.hopeless if known[rid].status in _WAITING]
 
     # -- the interface -------------------------------------------------------------------------
     def key(self, request: Request) -> tuple[int, float, float]:

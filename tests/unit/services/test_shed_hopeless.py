@@ -195,3 +195,24 @@ def test_targets_travel_over_grpc_into_the_core_request():
     assert core.tpot_target_s == 0.05
     with pytest.raises(FieldRejected):
         intake.build(pb.GenerateRequest(text="x", tpot_target_s=-1.0))
+
+
+def test_a_hopeless_request_in_the_global_queue_is_shed_too():
+    async def main():
+        engine = make_engine(scheduling_policy="goodput", shed_hopeless=True)
+        hopeless = make_state("late", [1, 2, 3, 4], 400)  # no worker yet: the global queue
+        hopeless.deadline = time.monotonic() + 0.05
+        fine = make_state("fine", [5, 6, 7, 8], 4)
+        fine.deadline = time.monotonic() + 60
+        engine.submit(hopeless)
+        engine.submit(fine)
+        engine.policy.refresh(time.monotonic())  # what a worker's step does
+        engine.shed_hopeless_waiting()
+        tokens, deltas = await drain(hopeless)
+        left = [r.request_id for r in engine.waiting]
+        engine.abort("fine")
+        return tokens, deltas, left
+
+    tokens, deltas, left = asyncio.run(main())
+    assert tokens == [] and deltas[-1].error_code == "RESOURCE_EXHAUSTED"
+    assert left == ["fine"]
