@@ -2,8 +2,9 @@
 
 ``Request.deadline`` is the absolute time (on the policy's clock) by which the request should be
 finished. A waiting request with a deadline it can still meet goes first, earliest deadline
-first. One that cannot (even its shortest possible remaining service, estimated from its tokens
-left to compute and its ``min_tokens``, ends after the deadline) is demoted: it joins the
+first. One that cannot (its predicted remaining service, core/remaining_work.py: its tokens
+left to compute and the output it is predicted to still produce, ends after the deadline) is
+demoted: it joins the
 requests without a deadline, served after every feasible one, oldest first (best effort, never
 dropped). The check runs when a request is queued and, through ``refresh``, every step: the
 policy keeps the instant each waiting request stops being feasible and bumps its generation
@@ -17,6 +18,12 @@ import itertools
 import math
 
 from scheduler_svc.core.policy import SchedulingPolicy, register_policy
+from scheduler_svc.core.remaining_work import (
+    OutputLengthPredictor,
+    ServiceCosts,
+    StepFit,
+    latency_s,
+)
 from scheduler_svc.core.request import Request, RequestStatus
 
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPED)
@@ -34,36 +41,45 @@ class DeadlinePolicy(SchedulingPolicy):
         ):
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"{label} must be a finite number >= 0; got {v!r}")
-        self.prefill_s_per_token = prefill_s_per_token
-        self.decode_s_per_token = decode_s_per_token
+        self.costs = ServiceCosts(prefill_s_per_token, decode_s_per_token, decode_s_per_token)
+        self.predictor = OutputLengthPredictor()
+        self._known: dict[str, Request] = {}  # seen by key(), learned from once finished
         self._expiry: list[tuple[float, int, Request]] = []  # (latest feasible start, seq, req)
         self._tracked: dict[str, float] = {}  # request id -> its live entry's time
         self._seq = itertools.count()
         self.num_demoted = 0
 
-    def min_time_left(self, request: Request) -> float:
-        """A lower bound on the service the request still needs: its tokens left to compute
-        at the prefill rate, then its remaining min_tokens (at least one) at the decode rate."""
-        to_compute = max(0, request.num_tokens - request.num_computed_tokens)
-        outputs = max(1, request.sampling_params.min_tokens - request.num_output_tokens)
-        return to_compute * self.prefill_s_per_token + outputs * self.decode_s_per_token
+    @property
+    def prefill_s_per_token(self) -> float:
+        return self.costs.prefill_s_per_token
+
+    def measured(self, fit: StepFit, batch: int, num_workers: int) -> None:
+        if fit.usable:
+            self.costs = fit.service_costs(batch)
+
+    def time_left(self, request: Request) -> float:
+        """The service the request still needs alone: its tokens left to compute at the
+        prefill rate, then its predicted outputs left at one decode step each."""
+        return latency_s(request, self.predictor.outputs_left(request), self.costs)
 
     def feasible(self, request: Request, now: float | None = None) -> bool:
         d = request.deadline
         if d is None:
             return False
         now = self.clock() if now is None else now
-        return now + self.min_time_left(request) <= d
+        return now + self.time_left(request) <= d
 
     def key(self, request: Request) -> tuple[int, float, float]:
         arrival = request.arrival_time
         d = request.deadline
         if d is None:
             return (1, arrival, arrival)
-        latest = d - self.min_time_left(request)
+        rid = request.request_id
+        if rid not in self._known:
+            self._known[rid] = request
+        latest = d - self.time_left(request)
         if self.clock() > latest:
             return (1, arrival, d)  # demoted: best effort, oldest first
-        rid = request.request_id
         if self._tracked.get(rid) != latest:
             self._tracked[rid] = latest
             heapq.heappush(self._expiry, (latest, next(self._seq), request))
@@ -76,7 +92,14 @@ class DeadlinePolicy(SchedulingPolicy):
             return (1, 0.0)
         return (0, d)
 
+    def _learn(self) -> None:
+        """Finished requests teach the output-length predictor."""
+        known = self._known
+        for rid in [rid for rid, r in known.items() if r.status is RequestStatus.FINISHED]:
+            self.predictor.observe(known.pop(rid))
+
     def refresh(self, now: float) -> bool:
+        self._learn()
         heap, tracked = self._expiry, self._tracked
         changed = False
         while heap and heap[0][0] < now:

@@ -146,14 +146,16 @@ def test_deadline_edf_then_best_effort_and_hopeless_demoted():
         r("late", 10, arrival=0, deadline=150.0),
         r("soon", 10, arrival=1, deadline=120.0),
         r("none", 10, arrival=2),
-        r("hopeless", 50, arrival=3, deadline=100.2),  # needs 0.5 + 0.1 s: cannot make it
-        r("tight", 10, arrival=4, deadline=100.5),
+        r("hopeless", 50, arrival=3, deadline=100.2, max_tokens=1),  # needs 0.6 s: cannot
+        r("tight", 10, arrival=4, deadline=100.5, max_tokens=1),
     )
     assert [x.request_id for x in q] == ["tight", "soon", "late", "none", "hopeless"]
-    assert p.min_time_left(r("x", 10, min_tokens=3)) == pytest.approx(0.1 + 0.3)
+    assert p.time_left(r("x", 10, max_tokens=3)) == pytest.approx(0.1 + 0.3)
     # time passes: "tight" can no longer make it (needs 0.2 s); refresh demotes it and every
     # queue ordered by the policy re-sorts (the policy's generation changed)
-    other = fill(p, r("tight2", 10, arrival=4, deadline=100.5), r("none2", 10, arrival=5))
+    other = fill(
+        p, r("tight2", 10, arrival=4, deadline=100.5, max_tokens=1), r("none2", 10, arrival=5)
+    )
     now[0] = 100.35
     assert p.refresh(now[0]) is True and p.num_demoted == 2
     assert drain(q) == ["soon", "late", "none", "hopeless", "tight"]
