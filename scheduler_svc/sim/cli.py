@@ -128,6 +128,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _setting(g, "--max-model-len", type=int)
     _setting(g, "--aging-rate", "0: the scenario's or the policy's default", type=_rate_or_scenario)
     _setting(g, "--weights", "fair share weights, e.g. a:10,b:1 (or a=10,b=1)", type=_mix)
+    _setting(
+        g,
+        "--shed-hopeless",
+        "goodput: end a waiting request at once when it can no longer make its deadline",
+        action=argparse.BooleanOptionalAction,
+    )
     _setting(g, "--ttft-slo-ms", type=float)
     _setting(g, "--thrash-threshold", type=float)
     _setting(g, "--thrash-window-s", type=float)

@@ -75,6 +75,7 @@ class ScenarioConfig:
     max_model_len: int = _SIM.max_model_len
     aging_rate: float | None = None  # None: the scenario's (from its trace) or the policy's
     weights: dict[str, float] | None = None  # fair share weights; None: the policy's
+    shed_hopeless: bool | None = None  # goodput ends hopeless waiting requests; None: it does not
     ttft_slo_ms: float = _SIM.ttft_slo_ms
     thrash_threshold: float = _SIM.thrash_threshold
     thrash_window_s: float = _SIM.thrash_window_s
@@ -118,8 +119,12 @@ class ScenarioConfig:
         )
 
     def user_options(self) -> dict[str, Any]:
-        """Policy options the settings carry (aging_rate, weights), those that are set."""
-        opts = {"aging_rate": self.aging_rate, "weights": self.weights}
+        """Policy options the settings carry (aging_rate, weights, shed_hopeless), those set."""
+        opts = {
+            "aging_rate": self.aging_rate,
+            "weights": self.weights,
+            "shed_hopeless": self.shed_hopeless,
+        }
         return {k: copy.deepcopy(v) for k, v in opts.items() if v is not None}
 
 
@@ -231,7 +236,12 @@ def _compare_policies(
 
 
 _FCFS_ONLY = "it runs fcfs only"
-_RUNS_FCFS = {"policies": _FCFS_ONLY, "aging_rate": _FCFS_ONLY, "weights": _FCFS_ONLY}
+_RUNS_FCFS = {
+    "policies": _FCFS_ONLY,
+    "aging_rate": _FCFS_ONLY,
+    "weights": _FCFS_ONLY,
+    "shed_hopeless": _FCFS_ONLY,
+}
 
 
 def _with_deadlines(tc: TraceConfig, cost: StepCostModel, s: SimSettings) -> TraceConfig:

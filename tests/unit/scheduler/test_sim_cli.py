@@ -234,6 +234,7 @@ CASES: dict[str, tuple[list[str], Check]] = {
     "max_model_len": (["--max-model-len", "900"], every("max_model_len", 900)),
     "aging_rate": (["--aging-rate", "123"], option("aging_rate", 123.0)),
     "weights": (["--weights", "a:1,b:5"], option("weights", {"a": 1.0, "b": 5.0})),
+    "shed_hopeless": (["--shed-hopeless"], option("shed_hopeless", True)),
     "ttft_slo_ms": (["--ttft-slo-ms", "5000"], every("ttft_slo_ms", 5000.0)),
     "thrash_threshold": (["--thrash-threshold", "0.5"], every("thrash_threshold", 0.5)),
     "thrash_window_s": (["--thrash-window-s", "5"], every("thrash_window_s", 5.0)),
