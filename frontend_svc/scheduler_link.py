@@ -341,6 +341,8 @@ class SchedulerLink:
             age_s=max(0.0, now - state.arrival_time),
             eos_token_id=-1 if state.eos_token_id is None else state.eos_token_id,
             prefill_after=state.prefill_after or "",
+            ttft_target_s=state.ttft_target_s or 0.0,
+            tpot_target_s=state.tpot_target_s or 0.0,
         )
 
     def _cancel(self, request_id: str) -> None:

@@ -117,6 +117,8 @@ def remote_request(
         num_migrations=msg.num_migrations,
         first_token_time=now if msg.output_token_ids else None,
         prefill_after=msg.prefill_after or None,
+        ttft_target_s=msg.ttft_target_s if msg.ttft_target_s > 0 else None,
+        tpot_target_s=msg.tpot_target_s if msg.tpot_target_s > 0 else None,
         sink=sink,
         frontend_id=frontend_id,
     )

@@ -37,7 +37,7 @@ class FrontendHello(_message.Message):
     def __init__(self, frontend_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., http_address: _Optional[str] = ..., grpc_address: _Optional[str] = ..., epoch: _Optional[int] = ..., in_flight: _Optional[_Iterable[_Union[SubmitRequest, _Mapping]]] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "priority", "tenant", "deadline_left_s", "output_token_ids", "num_migrations", "age_s", "eos_token_id", "prefill_after")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "priority", "tenant", "deadline_left_s", "output_token_ids", "num_migrations", "age_s", "eos_token_id", "prefill_after", "ttft_target_s", "tpot_target_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,8 @@ class SubmitRequest(_message.Message):
     AGE_S_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     PREFILL_AFTER_FIELD_NUMBER: _ClassVar[int]
+    TTFT_TARGET_S_FIELD_NUMBER: _ClassVar[int]
+    TPOT_TARGET_S_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _sampling_pb2.SamplingParams
@@ -60,7 +62,9 @@ class SubmitRequest(_message.Message):
     age_s: float
     eos_token_id: int
     prefill_after: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., deadline_left_s: _Optional[float] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., num_migrations: _Optional[int] = ..., age_s: _Optional[float] = ..., eos_token_id: _Optional[int] = ..., prefill_after: _Optional[str] = ...) -> None: ...
+    ttft_target_s: float
+    tpot_target_s: float
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., deadline_left_s: _Optional[float] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., num_migrations: _Optional[int] = ..., age_s: _Optional[float] = ..., eos_token_id: _Optional[int] = ..., prefill_after: _Optional[str] = ..., ttft_target_s: _Optional[float] = ..., tpot_target_s: _Optional[float] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -216,3 +216,17 @@ async def test_a_sibling_of_an_n_group_waits_for_the_first_prompt_across_the_lin
         await link.stop()
         await leader.stop()
         task.cancel()
+
+
+def test_a_requests_targets_cross_the_link_to_the_leaders_record():
+    from scheduler_svc.remote_request import remote_request
+
+    link = make_link(1)
+    state = make_state("t", [5, 6, 7], 4)
+    state.ttft_target_s, state.tpot_target_s, state.tenant = 0.5, 0.05, "a"
+    record = remote_request(link._submit_message(state), sink=None, frontend_id="fe")
+    assert (record.ttft_target_s, record.tpot_target_s, record.tenant) == (0.5, 0.05, "a")
+    untargeted = remote_request(
+        link._submit_message(make_state("u", [5], 4)), sink=None, frontend_id="fe"
+    )
+    assert (untargeted.ttft_target_s, untargeted.tpot_target_s) == (None, None)
