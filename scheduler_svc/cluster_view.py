@@ -137,6 +137,7 @@ def cluster_status(
             num_running=stats.num_running,
             kv_usage=stats.kv_usage,
             address=reg.address,
+            kernels=reg.kernels,
         )
     return status
 
@@ -153,7 +154,11 @@ def status_to_json(status: fl_pb.ClusterStatus) -> dict:
             entry |= {"address": m.address, "requests_in_flight": m.num_requests}
             groups["frontends"].append(entry)
         else:
-            entry |= {"running": m.num_running, "kv_usage": round(m.kv_usage, 4)}
+            entry |= {
+                "running": m.num_running,
+                "kv_usage": round(m.kv_usage, 4),
+                "kernels": m.kernels,
+            }
             groups["workers"].append(entry)
     info = status.server_info
     return {

@@ -38,7 +38,10 @@ def render(body: dict) -> str:
     for f in body["frontends"]:
         lines.append(_row("frontend", f, f"{f['address']}, {f['requests_in_flight']} in flight"))
     for w in body["workers"]:
-        lines.append(_row("worker", w, f"{w['running']} running, KV {100 * w['kv_usage']:.1f}%"))
+        detail = f"{w['running']} running, KV {100 * w['kv_usage']:.1f}%"
+        if w.get("kernels"):
+            detail += f", {w['kernels']}"
+        lines.append(_row("worker", w, detail))
     return "\n".join(lines)
 
 

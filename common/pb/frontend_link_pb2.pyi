@@ -125,7 +125,7 @@ class TokenBatch(_message.Message):
     def __init__(self, updates: _Optional[_Iterable[_Union[RequestUpdate, _Mapping]]] = ...) -> None: ...
 
 class ClusterMember(_message.Message):
-    __slots__ = ("kind", "id", "host", "pid", "role", "epoch", "state", "num_running", "kv_usage", "address", "num_requests")
+    __slots__ = ("kind", "id", "host", "pid", "role", "epoch", "state", "num_running", "kv_usage", "address", "num_requests", "kernels")
     KIND_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +137,7 @@ class ClusterMember(_message.Message):
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NUM_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
     kind: str
     id: str
     host: str
@@ -148,7 +149,8 @@ class ClusterMember(_message.Message):
     kv_usage: float
     address: str
     num_requests: int
-    def __init__(self, kind: _Optional[str] = ..., id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., role: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., num_running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., address: _Optional[str] = ..., num_requests: _Optional[int] = ...) -> None: ...
+    kernels: str
+    def __init__(self, kind: _Optional[str] = ..., id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., role: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., num_running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., address: _Optional[str] = ..., num_requests: _Optional[int] = ..., kernels: _Optional[str] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
     __slots__ = ("server_info", "members", "num_failovers", "last_takeover_s", "last_resumed", "last_adopted", "last_recomputed_tokens", "stream_interval")

@@ -393,3 +393,11 @@ def test_no_worker_is_503_and_readiness_apart_from_liveness(tmp_path):
         assert "no worker" in err.value.message
     finally:
         c.stop_all()
+
+
+def test_cluster_view_shows_each_workers_kernels(cluster):
+    body = httpx.get(cluster.url("/cluster"), headers=AUTH, timeout=10).json()
+    (worker,) = body["workers"]
+    assert worker["state"] == "active" and worker["pid"] > 0
+    # the worker's CPU level and kernel per op family, as its registration reported them
+    assert "linear=" in worker["kernels"] and "decode-attention=" in worker["kernels"]
