@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -49,7 +50,7 @@ def openai_router(ctx: HttpContext) -> APIRouter:
     @router.post("/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(intake, body.model)
-        state = _built(ctx, lambda: build_completion(intake, body))
+        state = await _built_beside(ctx, _compiles(body), lambda: build_completion(intake, body))
         group = _built(ctx, lambda: choices(intake, body, state))
         echo = intake.tokenizer.decode(state.prompt_token_ids) if body.echo else ""
 
@@ -75,7 +76,8 @@ def openai_router(ctx: HttpContext) -> APIRouter:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(intake, body.model)
         tools = _built(ctx, lambda: tool_plan(body))
-        state = _built(ctx, lambda: build_chat(intake, body, tools))
+        compiles = _compiles(body) or bool(body.tools) or body.response_format is not None
+        state = await _built_beside(ctx, compiles, lambda: build_chat(intake, body, tools))
         group = _built(ctx, lambda: choices(intake, body, state))
 
         def fmt(index: int = 0) -> ResponseFormatter:
@@ -97,6 +99,32 @@ def openai_router(ctx: HttpContext) -> APIRouter:
         return await _serve(ctx, request, state, fmt(), body.stream, body.stream_options)
 
     return router
+
+
+GUIDED_FIELDS = (
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+)
+
+
+def _compiles(body) -> bool:
+    """Does building this body compile a grammar (milliseconds for a large schema)."""
+    return any(getattr(body, name) is not None for name in GUIDED_FIELDS)
+
+
+async def _built_beside(ctx: HttpContext, off_loop: bool, build: Callable[[], Built]) -> Built:
+    """_built, on a thread when it compiles a grammar: llguidance lets go of the GIL while it
+    compiles, so the event loop (in one process with the scheduler, its step loop) goes on."""
+    if not off_loop:
+        return _built(ctx, build)
+    try:
+        return await asyncio.to_thread(build)
+    except OpenAIError:
+        ctx.engine.observer.on_request_rejected("invalid")
+        raise
 
 
 def _built(ctx: HttpContext, build: Callable[[], Built]) -> Built:

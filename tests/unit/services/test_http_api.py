@@ -550,3 +550,33 @@ def test_a_bad_constraint_is_a_400_with_the_reason(extra, needle):
     r, in_flight = run(body)
     assert r.status_code == 400, r.text
     assert needle in r.json()["error"]["message"] and not in_flight
+
+
+def test_a_grammar_compiles_beside_the_event_loop(monkeypatch):
+    import threading
+
+    from common import structured
+
+    compiled_on = []
+    check = structured.check
+
+    def recording(*args, **kwargs):
+        compiled_on.append(threading.current_thread())
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(structured, "check", recording)
+
+    async def body(client, ctx):
+        fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+        chat = {"messages": [{"role": "user", "content": "hi"}], "response_format": fmt}
+        r = await client.post("/v1/chat/completions", json={**chat, "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        r = await client.post(
+            "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "guided_regex": "(("}
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == "guided_regex", r.text
+        return ctx.metrics
+
+    run(body)
+    assert len(compiled_on) == 2
+    assert all(t is not threading.main_thread() for t in compiled_on)
