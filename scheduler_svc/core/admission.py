@@ -46,14 +46,18 @@ class AdmissionMixin:
     def _note_computed(self, req: Request, c: int, n: int) -> None: ...
 
     def _schedule_swapped(self, step: StepState) -> None:
-        """Resume swapped-out requests (head first) while budget, seats and blocks allow."""
+        """Resume swapped-out requests (head first) while budget, seats, blocks and the policy
+        allow."""
         cfg = self.config
         swapped, running = self.swapped, self.running
         threshold = self._threshold
+        admits = swapped.policy.admits
         budget = step.budget
         while budget > 0 and len(running) < cfg.max_num_seqs and swapped:
             req = swapped.peek()
             assert req is not None
+            if not admits(req):
+                break  # held back (goodput: a request unseated while hopeless); waiting goes on
             c = req.num_computed_tokens
             total = req.num_tokens + req.num_output_placeholders
             n = total - c

@@ -47,6 +47,11 @@ class SchedulingPolicy:
         admission goes on with the next); default True.
     hopeless_waiting(): waiting requests to end now (FinishReason.SHED) because they can no
         longer meet their targets; called once per step; default none (goodput's shed_hopeless).
+    wants_seat(request): the waiting request can still meet its targets, so a running request
+        that cannot may give up its seat to it (``Scheduler._unseat_hopeless``); default False.
+    hopeless_running(running): the running requests that can no longer meet their targets and
+        may lose their seat to one that wants it, most expendable first; default none.
+    shed_hopeless: True ends such requests (FinishReason.SHED) instead of demoting them.
     measured(fit, batch, num_workers): the workers' step time as measured and how many workers
         serve; a policy with a cost model (deadline, goodput) replaces its estimates; default
         ignores it.
@@ -61,6 +66,7 @@ class SchedulingPolicy:
 
     clock: Callable[[], float] = staticmethod(time.monotonic)
     generation: int = 0  # bumped when keys of waiting requests change
+    shed_hopeless: bool = False
 
     def key(self, request: Request) -> Any:
         return (request.arrival_time,)
@@ -95,6 +101,12 @@ class SchedulingPolicy:
         return True
 
     def hopeless_waiting(self) -> list[Request]:
+        return []
+
+    def wants_seat(self, request: Request) -> bool:
+        return False
+
+    def hopeless_running(self, running: Sequence[Request]) -> list[Request]:
         return []
 
     def measured(self, fit: StepFit, batch: int, num_workers: int) -> None:

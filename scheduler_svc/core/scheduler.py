@@ -161,12 +161,14 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         if self.policy.aging and self.policy.refresh(self.policy.clock()):
             self.waiting.reorder()
         self._shed_hopeless()
+        self._unseat_hopeless(step)
 
         self._schedule_running(step)
         if not step.preempted:  # no admission in a step that preempted
             if self.swapped:
                 self._schedule_swapped(step)
-            if self.waiting and not self.swapped:  # swapped requests resume first
+            # swapped requests resume first, unless the policy holds the first one back
+            if self.waiting and (not self.swapped or not self._swapped_head_admitted()):
                 self._schedule_waiting(step)
 
         total = cfg.max_num_batched_tokens - step.budget
@@ -200,12 +202,58 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
             rid = req.request_id
             if self.waiting.remove(rid) is None:
                 continue  # not in a queue this scheduler can take it from
-            req.status = RequestStatus.FINISHED
-            req.finish_reason = FinishReason.SHED
-            self._finished_pending.add(rid)
-            self._worker_known.discard(rid)
-            self._num_shed += 1
-            self._shed.append(req)
+            self._end_shed(req)
+
+    def _end_shed(self, req: Request) -> None:
+        rid = req.request_id
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = FinishReason.SHED
+        self._finished_pending.add(rid)
+        self._worker_known.discard(rid)
+        self._num_shed += 1
+        self._shed.append(req)
+
+    def _unseat_hopeless(self, step: StepState) -> None:
+        """A request that can still meet its targets waits at the head of the queue without a
+        seat (max_num_seqs, the policy's gate or blocks) while running requests cannot meet
+        theirs: they give up their seats, most expendable first, until it has one. Preempted
+        as blocks running short would (recompute or swap), so the policy's order puts them
+        behind the feasible requests and aging bounds their wait; with ``shed_hopeless`` ended
+        instead, as they would be at the next step's shedding anyway."""
+        policy = self.policy
+        head = self.waiting.peek()
+        if head is None or not policy.wants_seat(head) or self._has_seat(head):
+            return
+        for victim in policy.hopeless_running(self.running):
+            self.running.remove(victim)
+            if policy.shed_hopeless:
+                del self._running_by_id[victim.request_id]
+                self._adopted_unsent.discard(victim.request_id)
+                self.kv.free(victim)
+                self._end_shed(victim)
+            else:
+                self._preempt(victim, step)
+            if self._has_seat(head):
+                return
+
+    def _has_seat(self, head: Request) -> bool:
+        """Admission would find a seat, the policy's consent and the blocks of its first step
+        for this waiting request (prefix-cache hits not counted: a seat too few is the safe
+        error, it only unseats a request that can no longer count)."""
+        if len(self.running) >= self.config.max_num_seqs or not self.policy.admits(head):
+            return False
+        if self.swapped and self._swapped_head_admitted():
+            return False  # the swapped request resumes first
+        n = min(head.num_tokens, self.config.max_num_batched_tokens)
+        if self._threshold:
+            n = min(n, self._threshold)
+        need = -(-n // self._block_size)
+        reserve = self._watermark_blocks if self.running else 0
+        return need + reserve <= self.kv.num_free_blocks
+
+    def _swapped_head_admitted(self) -> bool:
+        head = self.swapped.peek()
+        return head is not None and self.policy.admits(head)
 
     def _schedule_running(self, step: StepState) -> None:
         running = self.running

@@ -30,6 +30,9 @@ live workers (``measured``, called by the engine after every step):
 - ``shed_hopeless``: hopeless requests still waiting are ended at once instead
   (FinishReason.SHED), so their clients hear early: in a worker's queue by
   ``Scheduler._shed_hopeless``, in the service's global queue by the engine.
+- **seats**: when a feasible (or aged) request waits without a seat and a running request is
+  hopeless, the running one gives its seat up (``wants_seat``, ``hopeless_running``,
+  ``Scheduler._unseat_hopeless``): preempted and demoted, or with ``shed_hopeless`` ended.
 
 Victims of preemption: first a request outside the feasible set (its loss costs no met
 deadline), then one that would still make its deadline after recomputing (most slack first),
@@ -214,6 +217,24 @@ class GoodputPolicy(SchedulingPolicy):
             return []
         known = self._known
         return [known[rid] for rid in self.plan.hopeless if known[rid].status in _WAITING]
+
+    def wants_seat(self, request: Request) -> bool:
+        """Feasible, or aged (the wait bound is owed a seat too)."""
+        return self.plan.standing(request.request_id) in (0, 1)
+
+    def hopeless_running(self, running: Sequence[Request]) -> list[Request]:
+        """Hopeless running requests, latest arrival first. One that has waited past
+        ``max_wait_s`` since it arrived keeps its seat: it was readmitted by the wait bound, and
+        unseating it again would starve it."""
+        hopeless = self.plan.hopeless
+        now = self.clock()
+        out = [
+            r
+            for r in running
+            if r.request_id in hopeless and now - r.arrival_time < self.max_wait_s
+        ]
+        out.sort(key=lambda r: r.arrival_time, reverse=True)
+        return out
 
     # -- the interface -------------------------------------------------------------------------
     def key(self, request: Request) -> tuple[int, float, float]:
