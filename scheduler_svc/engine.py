@@ -23,6 +23,7 @@ from scheduler_svc.admission import AdmissionControl, parse_tenant_seconds, pars
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.core import (
     FinishReason,
+    Request,
     RequestOutput,
     RequestRejected,
     RequestStatus,
@@ -278,16 +279,18 @@ class ServingEngine:
         state.inflight_hashes = []
         return session
 
-    def _shed(self, request_id: str) -> None:
-        """The policy ended a waiting request that can no longer make its deadline
-        (--shed-hopeless): 429 / RESOURCE_EXHAUSTED if it had no output yet, else 504 /
-        DEADLINE_EXCEEDED (docs/scheduling.md)."""
-        state = self.requests.get(request_id)
+    def _shed(self, request: Request) -> None:
+        """The policy ended a request that can no longer make a target (--shed-hopeless): 429 /
+        RESOURCE_EXHAUSTED if it had no output yet, else 504 / DEADLINE_EXCEEDED
+        (docs/scheduling.md); the message names the target missed."""
+        rid = request.request_id
+        state = self.requests.get(rid)
         if state is None:
             return
         self._leave_session(state)
         code = "DEADLINE_EXCEEDED" if state.output_token_ids else "RESOURCE_EXHAUSTED"
-        state.fail(f"request {request_id!r} can no longer finish by its deadline: shed", code)
+        target = request.missed_target or "deadline"
+        state.fail(f"request {rid!r} can no longer meet its {target}: shed", code)
         self._end(state)
 
     def shed_hopeless_waiting(self) -> None:
@@ -298,7 +301,8 @@ class ServingEngine:
                 continue  # on a worker: its scheduler sheds it
             request.status = RequestStatus.FINISHED
             request.finish_reason = FinishReason.SHED
-            self._shed(request.request_id)
+            request.missed_target = self.policy.missed_target(request)
+            self._shed(request)
 
     def _end(self, state: RequestState) -> None:
         """Bookkeeping once a request's stream has its last message."""
@@ -488,7 +492,7 @@ class ServingEngine:
                         self._dispatch()
                     out = sched.schedule()
                     for shed in sched.take_shed():
-                        self._shed(shed.request_id)
+                        self._shed(shed)
                     self.shed_hopeless_waiting()
                     if not _has_work(out):
                         after_pause = True

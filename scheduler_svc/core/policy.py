@@ -52,6 +52,8 @@ class SchedulingPolicy:
     hopeless_running(running): the running requests that can no longer meet their targets and
         may lose their seat to one that wants it, most expendable first; default none.
     shed_hopeless: True ends such requests (FinishReason.SHED) instead of demoting them.
+    missed_target(request): names the target a shed request can no longer meet ("deadline",
+        "time-to-first-token target", "time-per-output-token target"); default "deadline".
     measured(fit, batch, num_workers): the workers' step time as measured and how many workers
         serve; a policy with a cost model (deadline, goodput) replaces its estimates; default
         ignores it.
@@ -105,6 +107,9 @@ class SchedulingPolicy:
 
     def wants_seat(self, request: Request) -> bool:
         return False
+
+    def missed_target(self, request: Request) -> str:
+        return "deadline"
 
     def hopeless_running(self, running: Sequence[Request]) -> list[Request]:
         return []

@@ -206,6 +206,28 @@ def due(request: Request, outputs_left: int, costs: ServiceCosts) -> float | Non
     return d
 
 
+DEADLINE = "deadline"
+TTFT_TARGET = "time-to-first-token target"
+TPOT_TARGET = "time-per-output-token target"
+
+
+def missed_target(
+    request: Request, outputs_left: int, costs: ServiceCosts, step_alone_s: float
+) -> str:
+    """The target a hopeless request can no longer meet, named for its client: its TPOT target
+    when one decode step alone is slower, else whichever of its TTFT target and deadline
+    ``due`` took (the earlier)."""
+    tpot = request.tpot_target_s
+    if tpot is not None and step_alone_s > tpot:
+        return TPOT_TARGET
+    first = request.ttft_deadline
+    if first is not None and request.num_output_tokens == 0:
+        by_first = first + max(0, outputs_left - 1) * costs.decode_s_per_token
+        if request.deadline is None or by_first <= request.deadline:
+            return TTFT_TARGET
+    return DEADLINE
+
+
 def targets_met(
     *,
     arrival: float,

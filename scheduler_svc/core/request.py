@@ -14,7 +14,7 @@ class FinishReason(enum.StrEnum):
     LENGTH = "length"  # max_tokens or max_model_len reached
     ABORT = "abort"  # client cancelled or aborted
     ERROR = "error"  # failed (e.g. too many migrations)
-    SHED = "shed"  # could no longer make its deadline: ended early (--shed-hopeless)
+    SHED = "shed"  # could no longer make a target: ended early (--shed-hopeless)
 
 
 class RequestStatus(enum.Enum):
@@ -51,6 +51,7 @@ class Request:
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
+    missed_target: str | None = None  # shed: the target it could no longer meet (its client hears)
     # scheduler bookkeeping (added with the scheduler core; callers leave these alone)
     max_computed_tokens: int = 0  # high-water mark of computed tokens (recompute accounting)
     admitted_step: int = -1  # step in which it was last admitted (stale-output detection)

@@ -206,6 +206,7 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
 
     def _end_shed(self, req: Request) -> None:
         rid = req.request_id
+        req.missed_target = self.policy.missed_target(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = FinishReason.SHED
         self._finished_pending.add(rid)

@@ -53,6 +53,7 @@ from scheduler_svc.core.remaining_work import (
     due,
     has_targets,
     latency_s,
+    missed_target,
     tokens_to_compute,
     work_s,
 )
@@ -217,6 +218,9 @@ class GoodputPolicy(SchedulingPolicy):
             return []
         known = self._known
         return [known[rid] for rid in self.plan.hopeless if known[rid].status in _WAITING]
+
+    def missed_target(self, request: Request) -> str:
+        return missed_target(request, self._outputs_left(request), self.costs, self._step_s(1))
 
     def wants_seat(self, request: Request) -> bool:
         """Feasible, or aged (the wait bound is owed a seat too)."""

@@ -47,6 +47,37 @@ def test_hopeless_request_ends_at_once_with_resource_exhausted():
     assert len(fine_tokens) == 4 and fine_deltas[-1].finish_reason is FinishReason.LENGTH
 
 
+@pytest.mark.parametrize(
+    ("target", "named"),
+    [
+        ("deadline", "can no longer meet its deadline"),
+        ("ttft", "can no longer meet its time-to-first-token target"),
+        ("tpot", "can no longer meet its time-per-output-token target"),
+    ],
+)
+def test_shed_message_names_the_target_missed(target, named):
+    async def main():
+        engine = make_engine(scheduling_policy="goodput", shed_hopeless=True)
+        session = engine.attach(registration("w"), FakeWorker())
+        task = asyncio.create_task(run_session(engine, session))
+        hopeless = make_state("late", [1, 2, 3, 4], 400)
+        if target == "deadline":
+            hopeless.deadline = time.monotonic() + 0.05
+        elif target == "ttft":
+            hopeless.ttft_target_s = 1e-6  # before the prompt's prefill can end
+        else:
+            hopeless.tpot_target_s = 1e-6  # faster than any decode step
+        engine.submit(hopeless)
+        _, deltas = await drain(hopeless)
+        session.mark_lost("test over")
+        await task
+        return deltas[-1]
+
+    last = asyncio.run(main())
+    assert last.error_code == "RESOURCE_EXHAUSTED"
+    assert named in last.error
+
+
 def test_hopeless_request_is_429_over_http():
     async def body(client, ctx):
         r = await client.post(
