@@ -14,7 +14,8 @@
 - ``preemption``: recompute, swap and auto on a small pool with host blocks.
 - ``goodput``: fcfs, priority, deadline and goodput at 0.8, 1.0, 1.2 and 1.5 x capacity on the
   policies trace and on a bursty one (the same requests, each period's arrivals squeezed into
-  its first third): requests that meet their deadlines per second.
+  its first third) and on one where every other request carries TTFT and TPOT targets instead
+  of its deadline: requests that meet their targets per second.
 
 Where settings meet: a run's settings are a ``ScenarioConfig`` (one field per `splitserve sim`
 setting flag). ``resolve`` is the one place they are put together: ScenarioConfig's generic
@@ -287,6 +288,21 @@ def bursty(trace: list[TraceRequest], period_s: float = BURST_PERIOD_S) -> list[
     return sorted(out, key=lambda r: r.arrival)
 
 
+def with_targets(trace: list[TraceRequest], tc: TraceConfig) -> list[TraceRequest]:
+    """The same requests, every other one with TTFT and TPOT targets instead of its deadline:
+    the deadline's slack split into a first token within the base slack and the prompt's
+    prefill slack, then each output token within the deadline's per-output slack."""
+    out = []
+    for k, r in enumerate(trace):
+        if k % 2 or r.deadline is None:
+            out.append(r)
+            continue
+        ttft = tc.deadline_base_s + tc.deadline_per_token_s * r.prompt_len
+        tpot = tc.deadline_per_output_s
+        out.append(dataclasses.replace(r, deadline=None, ttft_target_s=ttft, tpot_target_s=tpot))
+    return out
+
+
 def goodput_label(policy: str, load: float, trace: str) -> str:
     return f"{policy} {load:g}x {trace}"
 
@@ -300,7 +316,12 @@ def goodput(cfg: ScenarioConfig, cost: StepCostModel) -> list[Run]:
     for load in GOODPUT_LOADS:
         rate = cfg.request_rate if capacity is None else load * capacity
         steady = make_trace(dataclasses.replace(tc, request_rate=rate))
-        for trace_name, trace in (("policies", steady), ("bursty", bursty(steady))):
+        traces = (
+            ("policies", steady),
+            ("bursty", bursty(steady)),
+            ("targets", with_targets(steady, tc)),
+        )
+        for trace_name, trace in traces:
             for n in names:
                 opts = _options(cfg, cost, base)
                 label = goodput_label(n, load, trace_name)
@@ -413,7 +434,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "goodput",
             goodput,
-            "fcfs, priority, deadline, goodput at 0.8-1.5 x capacity, steady and bursty",
+            "fcfs, priority, deadline, goodput at 0.8-1.5 x capacity: steady, bursty, TTFT/TPOT",
             defaults={
                 "num_requests": 300,
                 "tenants": {"a": 1.0, "b": 1.0},

@@ -28,6 +28,7 @@ from scheduler_svc.core import (
     create_policy,
     create_request_queue,
 )
+from scheduler_svc.core.remaining_work import targets_met
 from scheduler_svc.sim.costmodel import StepCostModel
 from scheduler_svc.sim.trace import TraceRequest
 from scheduler_svc.slo import SloAdmission
@@ -85,6 +86,8 @@ class RequestRecord:
     output_len: int
     arrival: float
     deadline: float | None = None
+    ttft_target_s: float | None = None
+    tpot_target_s: float | None = None
     first_token: float | None = None
     finish: float | None = None
     num_output: int = 0
@@ -103,10 +106,27 @@ class RequestRecord:
         return (self.finish - self.first_token) / (self.num_output - 1)
 
     @property
+    def has_target(self) -> bool:
+        return not (
+            self.deadline is None and self.ttft_target_s is None and self.tpot_target_s is None
+        )
+
+    @property
     def met_deadline(self) -> bool | None:
-        if self.deadline is None or self.refused:
+        """All its targets met (deadline, TTFT, TPOT); None without targets or when refused."""
+        if not self.has_target or self.refused:
             return None
-        return self.finish is not None and self.finish <= self.deadline
+        if self.finish is None:
+            return False
+        return targets_met(
+            arrival=self.arrival,
+            first_token=self.first_token,
+            finish=self.finish,
+            num_outputs=self.num_output,
+            deadline=self.deadline,
+            ttft_target_s=self.ttft_target_s,
+            tpot_target_s=self.tpot_target_s,
+        )
 
 
 @dataclass(slots=True)
@@ -175,6 +195,8 @@ class Simulator:
             tr.output_len,
             tr.arrival,
             tr.deadline,
+            tr.ttft_target_s,
+            tr.tpot_target_s,
         )
         self.records[tr.request_id] = rec
         request = Request(
@@ -187,6 +209,8 @@ class Simulator:
             arrival_time=tr.arrival,
             tenant=tr.tenant,
             deadline=tr.deadline,
+            ttft_deadline=None if tr.ttft_target_s is None else tr.arrival + tr.ttft_target_s,
+            tpot_target_s=tr.tpot_target_s,
         )
         try:
             self.slo.check(request, [self.queue], self.schedulers)
@@ -206,7 +230,7 @@ class Simulator:
     def _shed(self, request: Request) -> None:
         rec = self.records[request.request_id]
         rec.refused = "shed"
-        rec.refused_reason = "could no longer make its deadline"
+        rec.refused_reason = f"could no longer meet its {request.missed_target or 'deadline'}"
         self._in_system[rec.tenant] -= 1
         if request.num_cached_tokens < 0:  # never admitted: still counted as queued
             self._queued[rec.tenant] -= 1

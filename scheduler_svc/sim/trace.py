@@ -1,5 +1,5 @@
 """Synthetic traces: Poisson arrivals, long-tailed (log-normal) prompt and output lengths,
-tenants, priorities and deadlines. Deterministic for a seed."""
+tenants, priorities and deadlines (or TTFT and TPOT targets). Deterministic for a seed."""
 
 from __future__ import annotations
 
@@ -40,6 +40,8 @@ class TraceRequest:
     tenant: str | None = None
     priority: int = 0
     deadline: float | None = None  # absolute, simulated seconds
+    ttft_target_s: float | None = None  # first token within this many seconds of arrival
+    tpot_target_s: float | None = None  # mean seconds between output tokens, at most
 
     def prompt_token_ids(self, index: int, shared_prefix_len: int = 0) -> list[int]:
         """Distinct token ids per request (index), after a shared prefix."""

@@ -24,7 +24,8 @@ live workers (``measured``, called by the engine after every step):
 - **the batch**: a feasible request is admitted only if, with the batch one larger (a decode
   step costs ``decode_s_per_token`` plus ``decode_s_per_seq`` per other request on its
   worker), it still makes its deadline and no running request that would make its own misses
-  it because of the newcomer's prefill and the slower steps. A
+  it because of the newcomer's prefill and the slower steps (a TTFT target is checked on the
+  first token there, not folded: the fold assumes steps as fast as alone). A
   request that has waited ``max_wait_s`` joins the feasible set's order as if due then and is
   admitted, so nothing waits much longer than that.
 - ``shed_hopeless``: hopeless requests still waiting are ended at once instead
@@ -273,10 +274,6 @@ class GoodputPolicy(SchedulingPolicy):
         per_worker = -(-batch // self.num_workers)
         return self.costs.decode_s_per_token + self.decode_s_per_seq * max(0, per_worker - 1)
 
-    def _finish_s(self, request: Request, step_s: float) -> float:
-        prefill = tokens_to_compute(request) * self.costs.prefill_s_per_token
-        return prefill + self._outputs_left(request) * step_s
-
     def _fits_batch(self, request: Request) -> bool:
         """Joining the batch, the request makes its targets and costs no running request its
         own (running requests already late or too slow do not count)."""
@@ -284,22 +281,34 @@ class GoodputPolicy(SchedulingPolicy):
         running = [r for r in self._known.values() if r.status is RequestStatus.RUNNING]
         step_now, step_then = self._step_s(len(running)), self._step_s(len(running) + 1)
         delay = tokens_to_compute(request) * self.costs.prefill_s_per_token
-        mine = self.due(request)
-        if mine is not None and now + self._finish_s(request, step_then) > mine:
-            return False
-        if self._too_slow(request, step_then):
+        if self._late(request, now, step_then) or self._too_slow(request, step_then):
             return False
         for r in running:
             if not has_targets(r) or self._too_slow(r, step_now):
                 continue
             if self._too_slow(r, step_then):
                 return False
-            d = self.due(r)
-            if d is None or now + self._finish_s(r, step_now) > d:
+            if self._late(r, now, step_now):
                 continue
-            if now + delay + self._finish_s(r, step_then) > d:
+            if self._late(r, now + delay, step_then):
                 return False
         return True
+
+    def _late(self, request: Request, start: float, step_s: float) -> bool:
+        """Misses its deadline, or its TTFT target, with its prefill from ``start`` and then
+        decode steps of ``step_s``. The TTFT target is checked on the first token alone, not
+        folded into a deadline as the plan does (``due`` assumes steps as fast as alone, which
+        a batch never gives: every request with a TTFT target would be held back)."""
+        prefill = tokens_to_compute(request) * self.costs.prefill_s_per_token
+        d = request.deadline
+        if d is not None and start + prefill + self._outputs_left(request) * step_s > d:
+            return True
+        first = request.ttft_deadline
+        return (
+            first is not None
+            and request.num_output_tokens == 0
+            and start + prefill + step_s > first
+        )
 
     def victim_key(self, request: Request) -> tuple[int, float]:
         rid = request.request_id

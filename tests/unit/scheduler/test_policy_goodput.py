@@ -265,6 +265,7 @@ def test_a_tpot_target_bounds_the_batch_it_shares():
     newcomer.deadline = 10.0
     policy.key(newcomer)
     policy.refresh(0.0)
+    assert policy.plan.standing("new") == 1  # feasible: held back by its first token alone
     assert not policy.admits(newcomer)
     running.tpot_target_s = 0.035
     assert policy.admits(newcomer)
@@ -289,3 +290,39 @@ def test_deadline_policy_counts_the_predicted_work_in_the_eight_request_case():
     # max_tokens); the predicted remaining work demotes the ones that cannot finish
     trace = eight_requests()
     assert met("deadline", trace) == best_order(trace)
+
+
+def test_goodput_scenario_has_a_trace_with_ttft_and_tpot_targets():
+    from scheduler_svc.sim.scenarios import build_runs
+
+    runs = build_runs("goodput", COST, num_requests=20, request_rate=5.0, policies=("goodput",))
+    targets = [(s, t) for s, t in runs if s.label.endswith(" targets")]
+    assert len(targets) == 4  # one per load
+    settings, trace = targets[0]
+    with_targets = [r for r in trace if r.ttft_target_s is not None]
+    assert with_targets and all(r.deadline is None and r.tpot_target_s for r in with_targets)
+    assert any(r.deadline is not None for r in trace)  # the others keep their deadlines
+    res = simulate(settings, trace, COST)
+    assert not res.stuck
+    met = [r.met_deadline for r in res.records if r.ttft_target_s is not None]
+    assert None not in met and any(met)  # judged by targets_met, and some are met
+
+
+def test_a_ttft_target_admits_on_its_first_token_not_on_the_folded_deadline():
+    # the fold (first token by the target, then a step alone per token) is missed by any
+    # batch's slower steps; only the first token is the TTFT target's business
+    policy = GoodputPolicy(prefill_s_per_token=0.0, decode_s_per_token=0.01, decode_s_per_seq=0.01)
+    policy.clock = lambda: 0.0
+    running = request("running", prompt(4), max_tokens=50, deadline=100.0)
+    policy.account([running], [4])
+    running.status = RequestStatus.RUNNING
+    newcomer = request("new", prompt(4), max_tokens=50)
+    newcomer.ttft_deadline = 0.5  # folded: due at 0.99; 50 steps of 20 ms end at 1.0
+    policy.key(newcomer)
+    policy.refresh(0.0)
+    assert policy.plan.feasible == {"running", "new"}
+    assert policy.admits(newcomer)
+    newcomer.ttft_deadline = 0.015  # its first step alone takes 20 ms in this batch
+    policy.refresh(0.0)
+    assert policy.plan.standing("new") == 1  # feasible: held back by its first token alone
+    assert not policy.admits(newcomer)

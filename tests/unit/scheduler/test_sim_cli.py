@@ -106,9 +106,9 @@ def option(name: str, value) -> Check:
 
 
 def _policies(obs: Observed, scenario: str, tmp: Path) -> None:
-    if scenario == "goodput":  # both policies at every load, on both traces
-        assert [s.policy for s in obs.settings] == ["sjf", "fcfs"] * 8
-        assert [r["label"].split()[0] for r in obs.rows] == ["sjf", "fcfs"] * 8
+    if scenario == "goodput":  # both policies at every load, on its three traces
+        assert [s.policy for s in obs.settings] == ["sjf", "fcfs"] * 12
+        assert [r["label"].split()[0] for r in obs.rows] == ["sjf", "fcfs"] * 12
         return
     assert [s.policy for s in obs.settings] == ["sjf", "fcfs"]
     assert [r["label"] for r in obs.rows] == ["sjf", "fcfs"]
@@ -298,7 +298,7 @@ def test_each_scenario_runs_small_by_its_own_settings(scenario, tmp):
     assert base.settings and len(base.rows) == len(base.settings)
     # one trace, compared across runs (goodput: one per load and trace kind)
     traces = {id(t) for t in base.traces}
-    assert len(traces) == (8 if scenario == "goodput" else 1)
+    assert len(traces) == (12 if scenario == "goodput" else 1)
     assert len(base.shorts) == 8
     assert all(r["finished"] + sum(r["refused"].values()) == r["requests"] for r in base.rows)
     cfg = resolve(scenario)
