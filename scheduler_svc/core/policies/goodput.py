@@ -28,6 +28,10 @@ live workers (``measured``, called by the engine after every step):
   first token there, not folded: the fold assumes steps as fast as alone). A
   request that has waited ``max_wait_s`` joins the feasible set's order as if due then and is
   admitted, so nothing waits much longer than that.
+- **not overloaded**: while the plan rejects and gives up no request with a deadline, a
+  request with only TTFT/TPOT targets is admitted without the checks above, in the plan's
+  earliest-deadline order, as the deadline policy would (the batch gate and the first-token
+  plan held such requests back at low load and met fewer of them than FCFS).
 - ``shed_hopeless``: hopeless requests still waiting are ended at once instead
   (FinishReason.SHED), so their clients hear early: in a worker's queue by
   ``Scheduler._shed_hopeless``, in the service's global queue by the engine.
@@ -259,6 +263,8 @@ class GoodputPolicy(SchedulingPolicy):
 
     def admits(self, request: Request) -> bool:
         plan = self.plan
+        if request.deadline is None and not self._deadlines_lost():
+            return True  # TTFT/TPOT targets only, no deadline being lost: admitted as EDF would
         standing = plan.standing(request.request_id)
         if standing == 0:
             return True  # aged: the wait bound wins
@@ -269,6 +275,14 @@ class GoodputPolicy(SchedulingPolicy):
                 return False
             return request.tpot_target_s is None or self._fits_batch(request)
         return self._fits_batch(request)
+
+    def _deadlines_lost(self) -> bool:
+        """The plan rejects or gives up a request with a deadline: the load is past what
+        admitting in order would serve."""
+        known, plan = self._known, self.plan
+        return any(
+            known[rid].deadline is not None for rid in plan.rejected | plan.hopeless if rid in known
+        )
 
     def _step_s(self, batch: int) -> float:
         per_worker = -(-batch // self.num_workers)

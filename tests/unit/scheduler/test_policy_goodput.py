@@ -324,5 +324,10 @@ def test_a_ttft_target_admits_on_its_first_token_not_on_the_folded_deadline():
     assert policy.admits(newcomer)
     newcomer.ttft_deadline = 0.015  # its first step alone takes 20 ms in this batch
     policy.refresh(0.0)
+    assert policy.plan.standing("new") == 1
+    assert policy.admits(newcomer)  # no deadline lost: admitted as EDF would
+    late = request("late", prompt(4), max_tokens=50, deadline=0.1)  # hopeless: 0.5 s alone
+    policy.key(late)
+    policy.refresh(0.0)
     assert policy.plan.standing("new") == 1  # feasible: held back by its first token alone
     assert not policy.admits(newcomer)
