@@ -26,7 +26,6 @@ from scheduler_svc.core import (
     Request,
     RequestOutput,
     RequestRejected,
-    RequestStatus,
     Scheduler,
     SchedulerConfig,
     SchedulerOutput,
@@ -299,9 +298,7 @@ class ServingEngine:
         for request in self.policy.hopeless_waiting():
             if self.waiting.remove(request.request_id) is None:
                 continue  # on a worker: its scheduler sheds it
-            request.status = RequestStatus.FINISHED
-            request.finish_reason = FinishReason.SHED
-            request.missed_target = self.policy.missed_target(request)
+            request.mark_shed(self.policy.missed_target(request))
             self._shed(request)
 
     def _end(self, state: RequestState) -> None:
@@ -535,7 +532,7 @@ class ServingEngine:
         workers; a decode batch is taken as half of max_num_seqs full, as the simulator's
         scenarios do."""
         steps = self.slo.steps
-        if not steps.ready:
+        if not self.policy.uses_step_costs or not steps.ready:
             return
         workers = sum(1 for s in self.sessions.values() if not s.lost)
         batch = max(1, self.config.max_num_seqs // 2)

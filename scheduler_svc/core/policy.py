@@ -55,8 +55,8 @@ class SchedulingPolicy:
     missed_target(request): names the target a shed request can no longer meet ("deadline",
         "time-to-first-token target", "time-per-output-token target"); default "deadline".
     measured(fit, batch, num_workers): the workers' step time as measured and how many workers
-        serve; a policy with a cost model (deadline, goodput) replaces its estimates; default
-        ignores it.
+        serve; a policy with a cost model (deadline, goodput) replaces its estimates; called
+        after each step only when ``uses_step_costs`` is True.
     make_queue(): optional; a policy that needs its own queue structure returns it here.
     clock: the time source for time-dependent keys (the simulator sets a simulated clock).
     """
@@ -65,6 +65,7 @@ class SchedulingPolicy:
     fifo: ClassVar[bool] = False
     aging: ClassVar[bool] = False
     accounts: ClassVar[bool] = False
+    uses_step_costs: ClassVar[bool] = False  # measured() replaces its cost estimates
 
     clock: Callable[[], float] = staticmethod(time.monotonic)
     generation: int = 0  # bumped when keys of waiting requests change

@@ -86,3 +86,9 @@ class Request:
 
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    def mark_shed(self, missed_target: str) -> None:
+        """Ended by the policy: it can no longer meet `missed_target`."""
+        self.status = RequestStatus.FINISHED
+        self.finish_reason = FinishReason.SHED
+        self.missed_target = missed_target

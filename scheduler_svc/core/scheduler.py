@@ -206,9 +206,7 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
 
     def _end_shed(self, req: Request) -> None:
         rid = req.request_id
-        req.missed_target = self.policy.missed_target(req)
-        req.status = RequestStatus.FINISHED
-        req.finish_reason = FinishReason.SHED
+        req.mark_shed(self.policy.missed_target(req))
         self._finished_pending.add(rid)
         self._worker_known.discard(rid)
         self._num_shed += 1

@@ -33,6 +33,7 @@ _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPE
 class DeadlinePolicy(SchedulingPolicy):
     name = "deadline"
     aging = True  # refresh() every step: demotions
+    uses_step_costs = True
 
     def __init__(self, prefill_s_per_token: float = 2e-4, decode_s_per_token: float = 0.02):
         for label, v in (

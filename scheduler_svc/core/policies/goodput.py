@@ -93,6 +93,7 @@ class GoodputPolicy(SchedulingPolicy):
     name = "goodput"
     aging = True  # refresh() every step: the re-plan
     accounts = True  # account() tells which requests run
+    uses_step_costs = True
 
     def __init__(
         self,
