@@ -180,23 +180,15 @@ class Intake:
         if request.n > MAX_CHOICES:
             raise FieldRejected("n", f"n must be in [1, {MAX_CHOICES}]; got {request.n}")
         first = self.build(request)
-        _, stop = sampling_from_proto(request.sampling)
-        return [first] + self.siblings(
-            first, max(1, request.n), stop, request.deadline_s, not request.include_special_tokens
-        )
+        return [first] + self.siblings(first, max(1, request.n))
 
-    def siblings(
-        self,
-        first: RequestState,
-        count: int,
-        stop: list[str],
-        deadline_s: float = 0.0,
-        skip_special_tokens: bool = True,
-    ) -> list[RequestState]:
-        """The other count - 1 samples of `first`'s prompt, ids `{first}-{i}`. Each has its own
-        seed stream (seed + i) and waits for the first one's prompt to be computed (and cached),
-        so the prompt's KV blocks are computed once and shared through the prefix cache; only
-        the partial last block is computed again per sample."""
+    def siblings(self, first: RequestState, count: int) -> list[RequestState]:
+        """The other count - 1 samples of `first`'s prompt, ids `{first}-{i}`, with its stop
+        strings, text settings, deadline and targets. Each has its own seed stream (seed + i)
+        and waits for the first one's prompt to be computed (and cached), so the prompt's KV
+        blocks are computed once and shared through the prefix cache; only the partial last
+        block is computed again per sample."""
+        detok = first.detokenizer
         group = []
         for i in range(1, count):
             params = first.params
@@ -206,14 +198,14 @@ class Intake:
                 request_id=f"{first.request_id}-{i}",
                 prompt=first.prompt_token_ids,
                 params=params,
-                stop=stop,
+                stop=detok.stop_strings,
                 priority=first.priority,
                 tenant=first.tenant,
-                deadline_s=deadline_s,
-                skip_special_tokens=skip_special_tokens,
+                skip_special_tokens=detok.skip_special_tokens,
                 ttft_target_s=first.ttft_target_s or 0.0,
                 tpot_target_s=first.tpot_target_s or 0.0,
             )
+            sibling.deadline = first.deadline
             sibling.prefill_after = first.request_id
             group.append(sibling)
         return group

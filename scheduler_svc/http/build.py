@@ -271,12 +271,8 @@ def build_chat(
         renames["max_tokens"] = "max_completion_tokens"
     if asked is not None:
         renames["structured"] = asked[0]
-    messages = chat_messages(body)
-    template = getattr(intake.tokenizer, "chat_template", None)
     try:
-        check_tool_parameters(intake, tools)
-        messages, context = template_inputs(messages, tools, template)
-        prompt = render_prompt(intake, messages, context)
+        prompt = chat_prompt(intake, body, tools)
         max_tokens = body.max_completion_tokens
         if max_tokens is None:
             max_tokens = body.max_tokens
@@ -285,6 +281,20 @@ def build_chat(
         return _state(intake, body, prompt, max_tokens, logprobs, request_id, asked)
     except RequestRejected as exc:
         raise refused(exc, renames) from exc
+
+
+def chat_prompt(
+    intake: Intake, body, tools: ToolPlan | None, add_generation_prompt: bool = True
+) -> list[int]:
+    """The body's messages (and tools) rendered by the chat template, as token ids; raises
+    RequestRejected for the caller to name the field."""
+    messages = chat_messages(body)
+    check_tool_parameters(intake, tools)
+    messages, context = template_inputs(
+        messages, tools, getattr(intake.tokenizer, "chat_template", None)
+    )
+    context["add_generation_prompt"] = add_generation_prompt
+    return render_prompt(intake, messages, context)
 
 
 def render_prompt(intake: Intake, messages: list[dict], context: dict) -> list[int]:
@@ -305,6 +315,4 @@ def choices(intake: Intake, body: _SamplingBody, first: RequestState) -> list[Re
         return [first]
     if count > body.n and first.params.logprobs is None:
         first.params = replace(first.params, logprobs=0)
-    return [first] + intake.siblings(
-        first, count, _stop_strings(body.stop), body.deadline or 0.0, body.skip_special_tokens
-    )
+    return [first] + intake.siblings(first, count)

@@ -10,17 +10,10 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from scheduler_svc.core import RequestRejected
-from scheduler_svc.http.build import (
-    chat_messages,
-    check_model,
-    check_tool_parameters,
-    refused,
-    render_prompt,
-)
+from scheduler_svc.http.build import chat_prompt, check_model, refused
 from scheduler_svc.http.context import HttpContext
 from scheduler_svc.http.errors import OpenAIError
 from scheduler_svc.http.protocol import STRICT, ChatMessage, ToolDefinition
-from scheduler_svc.http.tool_prompt import template_inputs
 from scheduler_svc.http.tools import tool_plan
 
 MAX_TOKENIZE_CHARS = 1_000_000
@@ -92,15 +85,8 @@ def tokenize_router(ctx: HttpContext) -> APIRouter:
 
 def _chat_tokens(intake, body: TokenizeRequest) -> list[int]:
     chat = _ChatView(messages=body.messages or [], tools=body.tools)
-    plan = tool_plan(chat)
-    messages = chat_messages(chat)
-    template = getattr(intake.tokenizer, "chat_template", None)
     try:
-        check_tool_parameters(intake, plan)
-        messages, context = template_inputs(messages, plan, template)
-        tokens = render_prompt(
-            intake, messages, dict(context, add_generation_prompt=body.add_generation_prompt)
-        )
+        tokens = chat_prompt(intake, chat, tool_plan(chat), body.add_generation_prompt)
     except RequestRejected as exc:
         raise refused(exc) from exc
     if body.add_special_tokens:  # the template writes its own; a BOS on top, if asked
