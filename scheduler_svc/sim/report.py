@@ -178,11 +178,7 @@ def print_table(results: Sequence[SimResult], title: str = "splitserve sim", con
 
 def plot_ttft(results: Sequence[SimResult], path: Path | str, title: str = "") -> Path:
     """TTFT distributions side by side (one violin per run, log scale) and their CDFs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     labels = [r.label for r in results]
     data = [
         [max(x.ttft, 1e-4) for x in r.records if x.ttft is not None] or [math.nan] for r in results
@@ -210,24 +206,13 @@ def plot_ttft(results: Sequence[SimResult], path: Path | str, title: str = "") -
     ax2.set_title("TTFT CDF")
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize="small")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, title)
 
 
 def plot_goodput(results: Sequence[SimResult], path: Path | str, title: str = "") -> Path:
     """Requests meeting their targets per second against load, one line per policy, one panel
-    per trace (the
-    goodput scenario's labels: "POLICY LOADx TRACE")."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    per trace (the goodput scenario's labels: "POLICY LOADx TRACE")."""
+    plt = _pyplot()
     curves: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for r in results:
         policy, load, trace = r.label.split(" ", 2)
@@ -243,10 +228,24 @@ def plot_goodput(results: Sequence[SimResult], path: Path | str, title: str = ""
         ax.set_title(f"{trace} trace")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
+    return _save(fig, path, title)
+
+
+def _pyplot():
+    """matplotlib's pyplot on the file backend (imported on demand: plotting is optional)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path | str, title: str) -> Path:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)
     return path

@@ -150,27 +150,35 @@ def test_cancelling_a_stream_frees_its_blocks(client):
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_abort_ends_the_stream_with_abort(client):
+def abort_mid_stream(client, request_id: str, samples: int = 1) -> list:
+    """Streams a long greedy request (`samples` of it) on a thread, aborts it once every sample
+    has sent tokens, and returns every message the stream gave."""
     received = []
 
     def consume():
         received.extend(
             client.stream(
                 "Count slowly:",
+                n=samples,
                 max_tokens=500,
                 temperature=0.0,
                 ignore_eos=True,
-                request_id="abort-me",
+                request_id=request_id,
             )
         )
 
     t = threading.Thread(target=consume)
     t.start()
     deadline = time.monotonic() + 30
-    while not any(m.token_ids for m in received) and time.monotonic() < deadline:
+    while len({m.index for m in received if m.token_ids}) < samples and time.monotonic() < deadline:
         time.sleep(0.02)
-    client.abort("abort-me")
+    client.abort(request_id)
     t.join(30)
+    return received
+
+
+def test_abort_ends_the_stream_with_abort(client):
+    received = abort_mid_stream(client, "abort-me")
     assert received[-1].finish_reason == 3  # FINISH_REASON_ABORT
     assert_no_block_leak(client)
 
@@ -208,27 +216,7 @@ def test_n_samples_share_one_prompt_over_grpc(client, hf_greedy):
 
 
 def test_abort_ends_every_sample_of_a_group(client):
-    received = []
-
-    def consume():
-        received.extend(
-            client.stream(
-                "Count slowly:",
-                n=3,
-                max_tokens=500,
-                temperature=0.0,
-                ignore_eos=True,
-                request_id="abort-group",
-            )
-        )
-
-    t = threading.Thread(target=consume)
-    t.start()
-    deadline = time.monotonic() + 30
-    while len({m.index for m in received if m.token_ids}) < 3 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    client.abort("abort-group")
-    t.join(30)
+    received = abort_mid_stream(client, "abort-group", samples=3)
     ended = {m.index: m.finish_reason for m in received if m.finish_reason}
     assert ended == {0: 3, 1: 3, 2: 3}  # FINISH_REASON_ABORT, each sample
     assert_no_block_leak(client)

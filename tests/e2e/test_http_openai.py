@@ -235,21 +235,24 @@ def valid_person(data) -> bool:
 
 
 def test_structured_output_holds_at_any_temperature(oai, model):
+    def ask(content: str, fmt: dict, temperature: float, seed: int | None, max_tokens: int):
+        return oai.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": content}],
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=seed,
+            response_format=fmt,
+        ).choices[0]
+
     fmt = {
         "type": "json_schema",
         "json_schema": {"name": "person", "schema": PERSON, "strict": True},
     }
     for temperature, seed in ((0.0, None), (1.0, 1), (1.5, 2)):
-        r = oai.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": "Describe a person as JSON."}],
-            max_tokens=160,
-            temperature=temperature,
-            seed=seed,
-            response_format=fmt,
-        )
-        assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
-        assert valid_person(json.loads(r.choices[0].message.content))
+        choice = ask("Describe a person as JSON.", fmt, temperature, seed, 160)
+        assert choice.finish_reason == "stop", choice.message.content
+        assert valid_person(json.loads(choice.message.content))
     r = oai.completions.create(
         model=model,
         prompt="Call me at",
@@ -269,38 +272,20 @@ def test_structured_output_holds_at_any_temperature(oai, model):
     assert r.choices[0].text in (" Paris", " London", " Madrid")
     nested = {"type": "json_schema", "json_schema": {"name": "user", "schema": ADDRESSED}}
     for temperature, seed in ((0.0, None), (1.0, 4)):
-        r = oai.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": "A user record as JSON."}],
-            max_tokens=200,
-            temperature=temperature,
-            seed=seed,
-            response_format=nested,
+        choice = ask("A user record as JSON.", nested, temperature, seed, 200)
+        assert choice.finish_reason == "stop", choice.message.content
+        jsonschema.validate(json.loads(choice.message.content), ADDRESSED)
+        choice = ask(
+            "Describe Paris as a JSON object.", {"type": "json_object"}, temperature, seed, 200
         )
-        assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
-        jsonschema.validate(json.loads(r.choices[0].message.content), ADDRESSED)
-        r = oai.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": "Describe Paris as a JSON object."}],
-            max_tokens=200,
-            temperature=temperature,
-            seed=seed,
-            response_format={"type": "json_object"},
-        )
-        if r.choices[0].finish_reason == "stop":
-            assert isinstance(json.loads(r.choices[0].message.content), dict)
+        if choice.finish_reason == "stop":
+            assert isinstance(json.loads(choice.message.content), dict)
         else:  # ran out of tokens first: a prefix of an object, and said so
-            assert r.choices[0].finish_reason == "length"
-            assert r.choices[0].message.content.lstrip().startswith("{")
-    short = oai.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": "Describe a person as JSON."}],
-        max_tokens=4,
-        temperature=0,
-        response_format={"type": "json_object"},
-    )
-    assert short.choices[0].finish_reason == "length"
-    assert short.choices[0].message.content.startswith("{")
+            assert choice.finish_reason == "length"
+            assert choice.message.content.lstrip().startswith("{")
+    short = ask("Describe a person as JSON.", {"type": "json_object"}, 0, None, 4)
+    assert short.finish_reason == "length"
+    assert short.message.content.startswith("{")
     with pytest.raises(openai.BadRequestError) as err:
         oai.chat.completions.create(
             model=model,

@@ -16,8 +16,8 @@ from scheduler_svc.sim.costmodel import StepCostModel
 from scheduler_svc.sim.simulator import Simulator, simulate
 from tests.factories import prompt, request
 
-# a worker whose step costs 10 ms plus 0.1 ms per token: a 100-token prompt and 18 output
-# tokens take about 0.2 s alone
+# the worker of the issue's eight-request example: a step costs a base plus a price per token,
+# so that each request of the case needs about the time the issue gives it alone
 COST = StepCostModel(base_s=0.01, per_token_s=1e-4, per_ctx_token_s=0.0, per_seq_s=0.0)
 OPTIONS = {
     "prefill_s_per_token": COST.per_token_s,

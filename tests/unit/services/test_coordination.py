@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -23,14 +23,6 @@ from common.etcd_server import EtcdServer
 
 ROOT = Path(__file__).resolve().parents[3]
 TTL = 2.0
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    server = EtcdServer(unsafe_no_fsync=True)
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -10,13 +10,9 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from common.coordination import Coordinator, cancel_and_wait
-from common.etcd_server import EtcdServer
 from scheduler_svc.leader_probe import depose_dead_leaders
 from tests.unit.services.test_coordination import _read_line
 
@@ -43,14 +39,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    server = EtcdServer(unsafe_no_fsync=True)
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_standby_deposes_a_killed_leader_and_not_a_frozen_one(etcd):

@@ -78,41 +78,34 @@ def test_shed_message_names_the_target_missed(target, named):
     assert named in last.error
 
 
-def test_hopeless_request_is_429_over_http():
+def complete(max_tokens: int, deadline: float, **engine_options):
+    """One completion with a deadline through the in-process HTTP app: (status, body)."""
+
     async def body(client, ctx):
         r = await client.post(
             "/v1/completions",
             json={
                 "model": MODEL,
                 "prompt": "Hello world",
-                "max_tokens": 400,
+                "max_tokens": max_tokens,
                 "temperature": 0,
-                "deadline": 0.05,
+                "deadline": deadline,
             },
         )
         return r.status_code, r.json()
 
-    status, out = run(body, scheduling_policy="goodput", shed_hopeless=True)
+    return run(body, scheduling_policy="goodput", **engine_options)
+
+
+def test_hopeless_request_is_429_over_http():
+    status, out = complete(400, 0.05, shed_hopeless=True)
     assert status == 429, out
     assert out["error"]["code"] == "resource_exhausted"
     assert "deadline" in out["error"]["message"]
 
 
 def test_without_the_flag_the_hopeless_request_is_served_late():
-    async def body(client, ctx):
-        r = await client.post(
-            "/v1/completions",
-            json={
-                "model": MODEL,
-                "prompt": "Hello world",
-                "max_tokens": 8,
-                "temperature": 0,
-                "deadline": 0.0001,
-            },
-        )
-        return r.status_code
-
-    assert run(body, scheduling_policy="goodput") == 200
+    assert complete(8, 0.0001)[0] == 200
 
 
 def test_deadlines_met_and_missed_reach_metrics_and_dashboard():
