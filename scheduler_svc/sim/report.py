@@ -34,24 +34,34 @@ def _met_rate(recs: Sequence[Any]) -> dict[str, Any]:
 
 def goodput_summary(res: SimResult) -> dict[str, Any]:
     """Requests that met their deadlines per second of the trace's arrivals (the same time for
-    every policy on one trace), and the met rate overall, per tenant and per priority."""
+    every policy on one trace), and the goodput and met rate overall, per tenant and per
+    priority."""
     recs = res.records
     arrivals = [r.arrival for r in recs]
     span = max(arrivals) - min(arrivals) if len(arrivals) > 1 else 0.0
     overall = _met_rate(recs)
-    tenants = sorted({r.tenant or "-" for r in recs})
-    priorities = sorted({r.priority for r in recs})
+    by_tenant = {
+        t: _met_rate([r for r in recs if (r.tenant or "-") == t])
+        for t in sorted({r.tenant or "-" for r in recs})
+    }
+    by_priority = {
+        p: _met_rate([r for r in recs if r.priority == p])
+        for p in sorted({r.priority for r in recs})
+    }
+
+    def per_s(met: int) -> float:
+        return met / span if span > 0 else 0.0
+
     return {
-        "goodput_rps": overall["met"] / span if span > 0 else 0.0,
+        "goodput_rps": per_s(overall["met"]),
         "met": overall["met"],
         "met_rate": overall["rate"],
+        "with_targets": overall["of"],
         "shed": sum(1 for r in recs if r.refused == "shed"),
-        "met_rate_by_tenant": {
-            t: _met_rate([r for r in recs if (r.tenant or "-") == t])["rate"] for t in tenants
-        },
-        "met_rate_by_priority": {
-            p: _met_rate([r for r in recs if r.priority == p])["rate"] for p in priorities
-        },
+        "goodput_rps_by_tenant": {t: per_s(m["met"]) for t, m in by_tenant.items()},
+        "met_rate_by_tenant": {t: m["rate"] for t, m in by_tenant.items()},
+        "goodput_rps_by_priority": {p: per_s(m["met"]) for p, m in by_priority.items()},
+        "met_rate_by_priority": {p: m["rate"] for p, m in by_priority.items()},
     }
 
 
@@ -174,6 +184,49 @@ def print_table(results: Sequence[SimResult], title: str = "splitserve sim", con
     if console is None:
         console = Console(width=200)
     console.print(table)
+    groups = group_table(rows)
+    if groups is not None:
+        console.print(groups)
+
+
+def _pct(rate: float | None) -> str:
+    return "-" if rate is None else f"{100 * rate:.0f}%"
+
+
+def group_table(rows: Sequence[dict[str, Any]]):
+    """Goodput and met rate per tenant and per priority, one column each ("met t:a" the met
+    rate of tenant a's requests with targets, "goodput t:a" those met per second), one row per
+    run; a dimension with one value in every run (no tenants, one priority) gets no columns.
+    None when neither has more than one value."""
+    from rich.table import Table
+
+    tenants = sorted({t for s in rows for t in s["met_rate_by_tenant"]})
+    priorities = sorted({p for s in rows for p in s["met_rate_by_priority"]})
+    groups = [("t", "tenant", t) for t in tenants] if len(tenants) > 1 else []
+    groups += [("p", "priority", p) for p in priorities] if len(priorities) > 1 else []
+    if not groups:
+        return None
+    table = Table(title="targets met per tenant and per priority (met rate, met per second)")
+    table.add_column("run")
+    for c in ("goodput/s", "met", "shed"):
+        table.add_column(c, justify="right")
+    for key, _, value in groups:
+        table.add_column(f"met {key}:{value}", justify="right")
+    for key, _, value in groups:
+        table.add_column(f"goodput {key}:{value}", justify="right")
+    for s in rows:
+        rates = [s[f"met_rate_by_{dim}"].get(v) for _, dim, v in groups]
+        per_s = [s[f"goodput_rps_by_{dim}"].get(v) for _, dim, v in groups]
+        table.add_row(
+            s["label"],
+            f"{s['goodput_rps']:.3f}",
+            f"{s['met']}/{s['with_targets']}",
+            str(s["shed"]),
+            *(_pct(r) for r in rates),
+            # no requests with targets in the group: no goodput to speak of
+            *("-" if r is None else f"{g:.3f}" for r, g in zip(rates, per_s, strict=True)),
+        )
+    return table
 
 
 def plot_ttft(results: Sequence[SimResult], path: Path | str, title: str = "") -> Path:

@@ -139,7 +139,19 @@ def test_cli_prints_a_table_and_writes_json_and_a_png(tmp_path, capsys):
     )
     assert rc == 0
     printed = capsys.readouterr().out
-    assert "TTFT p50/p90/p99" in printed and "fair" in printed
+    main, groups = _tables(printed)
+    assert main[0][:4] == ["run", "done/refused", "out tok/s", "TTFT p50/p90/p99 s"]
+    assert {"deadline", "goodput/s", "TTFT p50 by priority"} <= set(main[0])
+    assert [r[0] for r in main[1:]] == ["fcfs", "sjf", "fair"]
+    # the policies trace has two tenants and priorities 0-2: a column for each
+    assert groups[0] == [
+        "run",
+        "goodput/s",
+        "met",
+        "shed",
+        *("met t:a", "met t:b", "met p:0", "met p:1", "met p:2"),
+        *("goodput t:a", "goodput t:b", "goodput p:0", "goodput p:1", "goodput p:2"),
+    ]
     rows = json.loads(out_json.read_text())
     assert [r["label"] for r in rows] == ["fcfs", "sjf", "fair"]
     assert {
@@ -151,3 +163,60 @@ def test_cli_prints_a_table_and_writes_json_and_a_png(tmp_path, capsys):
         "output_tok_s",
     } <= set(rows[0])
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _tables(printed: str) -> list[list[list[str]]]:
+    """The rich tables in ``printed``: per table its header row, then its data rows, as cells
+    (a table here never wraps a cell: one line a row)."""
+    tables: list[list[list[str]]] = []
+    for line in printed.splitlines():
+        line = line.strip()
+        if line.startswith("┏"):
+            tables.append([])
+        elif line[:1] in ("┃", "│"):
+            tables[-1].append([c.strip() for c in line.strip("┃│").split(line[0])])
+    return tables
+
+
+def test_cli_prints_goodput_and_met_rate_per_tenant_and_priority_as_in_the_json(tmp_path, capsys):
+    out_json = tmp_path / "goodput.json"
+    rc = cli_main(
+        [
+            "sim",
+            "--scenario",
+            "goodput",
+            "--policies",
+            "deadline,goodput",
+            "--shed-hopeless",
+            "--num-requests",
+            "40",
+            "--request-rate",
+            "3",
+            "--json",
+            str(out_json),
+        ]
+    )
+    assert rc == 0
+    rows = json.loads(out_json.read_text())
+    _, groups = _tables(capsys.readouterr().out)
+    header, printed = groups[0], groups[1:]
+    assert len(printed) == len(rows) == 24  # two policies, four loads, three traces
+    assert sum(r["shed"] for r in rows) > 0  # the goodput runs shed at this rate
+    for line, s in zip(printed, rows, strict=True):
+        cells = dict(zip(header, line, strict=True))
+        assert cells["run"] == s["label"]
+        assert float(cells["goodput/s"]) == pytest.approx(s["goodput_rps"], abs=5e-4)
+        assert cells["met"] == f"{s['met']}/{s['with_targets']}" and s["with_targets"] == 40
+        assert int(cells["shed"]) == s["shed"]
+        for key, dim, values in (("t", "tenant", "ab"), ("p", "priority", "012")):
+            assert set(s[f"met_rate_by_{dim}"]) == set(values)
+            met = 0.0
+            for v in values:
+                rate, per_s = s[f"met_rate_by_{dim}"][v], s[f"goodput_rps_by_{dim}"][v]
+                assert cells[f"met {key}:{v}"] == f"{100 * rate:.0f}%"
+                assert float(cells[f"goodput {key}:{v}"]) == pytest.approx(per_s, abs=5e-4)
+                met += per_s
+            # the groups split the run's goodput
+            assert met == pytest.approx(s["goodput_rps"])
+    # not all the same: the columns tell the groups apart somewhere
+    assert len({line[header.index("met t:a")] for line in printed}) > 1
