@@ -1,9 +1,9 @@
-"""Paged attention for stock Hugging Face models, through transformers' AttentionInterface.
+"""Paged attention: the model implementation's attention op, over the paged KV cache.
 
-The runner calls the model once per step on a packed batch (`input_ids` [1, T]) holding every
-scheduled token of every request, decodes first (sorted by context length), then prefill chunks.
-`build_metadata` turns the step's layout into tensors ONCE; `paged_attention_forward`, called by
-each layer, then only
+The runner calls the model once per step on a packed batch (T tokens) holding every scheduled
+token of every request, decodes first (sorted by context length), then prefill chunks.
+`build_metadata` turns the step's layout into tensors ONCE; `paged_attention`, called by each
+layer, then only
 - writes the new tokens' K/V into their cache slots (slot = block * block_size + offset),
 - gathers each group's cached K/V with one `index_select` over block ids per K and V (per
   group, so that SDPA reads them while they are still in the CPU cache),
@@ -22,12 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
 
 from worker_svc.native_attention import PagedDecodeKernel
-
-ATTN_IMPLEMENTATION = "splitserve_paged"
-METADATA_KWARG = "paged_metadata"
 
 
 @dataclass(slots=True)
@@ -67,82 +63,67 @@ class AttentionMetadata:
     prefill_cached: torch.Tensor | None = None
 
 
-def paged_attention_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,  # [1, heads, T, head_dim]
-    key: torch.Tensor,  # [1, kv_heads, T, head_dim]
+def paged_attention(
+    query: torch.Tensor,  # [T, heads, head_dim]
+    key: torch.Tensor,  # [T, kv_heads, head_dim]; head_dim contiguous
     value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    meta: AttentionMetadata | None = kwargs.get(METADATA_KWARG)
-    if meta is None:
-        raise RuntimeError(
-            f"{ATTN_IMPLEMENTATION} attention needs `{METADATA_KWARG}`: call the model through "
-            "the ModelRunner"
-        )
-    k_cache = meta.key_caches[module.layer_idx]
-    v_cache = meta.value_caches[module.layer_idx]
-    _, kv_heads, _, head_dim = key.shape
+    k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]: this layer's
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Write the step's K/V into the cache, then attend: [T, heads * head_dim]."""
+    _, kv_heads, head_dim = key.shape
     bs = meta.block_size
     kernel = meta.decode_kernel
-    if kernel is not None and key.stride(-1) == 1 and value.stride(-1) == 1:
-        kernel.write_kv(key[0], value[0], k_cache, v_cache, meta.slot_mapping)
+    if kernel is not None:
+        kernel.write_kv(
+            key.transpose(0, 1), value.transpose(0, 1), k_cache, v_cache, meta.slot_mapping
+        )
     else:
-        k_new = key[0].transpose(0, 1)  # [T, kv_heads, head_dim]
-        v_new = value[0].transpose(0, 1)
-        k_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k_new)
-        v_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v_new)
-    q = query[0].transpose(0, 1)  # [T, heads, head_dim]
+        k_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, key)
+        v_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value)
     outs = []
     nd = meta.num_native_decodes
     if nd:
-        q_dec = q[:nd].contiguous()  # float32 or bfloat16: the kernel converts what it must
-        o = meta.decode_kernel(
+        q_dec = query[:nd].contiguous()  # float32 or bfloat16: the kernel converts what it must
+        o = kernel(
             q_dec,
             k_cache,
             v_cache,
             meta.decode_block_table,
             meta.decode_seq_lens,
             meta.decode_max_len,
-            scaling if scaling is not None else head_dim**-0.5,
+            scale,
         )
         outs.append(o.to(query.dtype))
     if meta.prefill_q_len is not None:
         o = kernel.prefill(
-            q[nd:].contiguous(),
+            query[nd:].contiguous(),
             k_cache,
             v_cache,
             meta.prefill_block_table,
             meta.prefill_q_start,
             meta.prefill_q_len,
             meta.prefill_cached,
-            scaling if scaling is not None else head_dim**-0.5,
+            scale,
         )
         outs.append(o.to(query.dtype))
     for g in meta.groups:
-        qg = q[g.q_start : g.q_end].unflatten(0, (g.rows, -1)).transpose(1, 2)  # [r, h, q, d]
+        qg = query[g.q_start : g.q_end].unflatten(0, (g.rows, -1)).transpose(1, 2)  # [r,h,q,d]
         if g.n_blocks:
             shape = (g.rows, g.n_blocks * bs, kv_heads, head_dim)
             k = k_cache.index_select(0, g.block_ids).view(shape).transpose(1, 2)  # [r,kvh,L,d]
             v = v_cache.index_select(0, g.block_ids).view(shape).transpose(1, 2)
         else:
-            k = key[:, :, g.q_start : g.q_end]
-            v = value[:, :, g.q_start : g.q_end]
+            k = key[g.q_start : g.q_end].transpose(0, 1).unsqueeze(0)
+            v = value[g.q_start : g.q_end].transpose(0, 1).unsqueeze(0)
         o = F.scaled_dot_product_attention(
-            qg, k, v, attn_mask=g.mask, is_causal=not g.n_blocks, scale=scaling, enable_gqa=True
+            qg, k, v, attn_mask=g.mask, is_causal=not g.n_blocks, scale=scale, enable_gqa=True
         )
         outs.append(o.transpose(1, 2).flatten(0, 1))  # [r * q, heads, head_dim]
     out = outs[0] if len(outs) == 1 else torch.cat(outs)
-    return out.unsqueeze(0), None
-
-
-def register() -> str:
-    """Register the paged attention function with transformers; returns its name."""
-    AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention_forward)
-    return ATTN_IMPLEMENTATION
+    return out.reshape(out.shape[0], -1)
 
 
 def build_metadata(

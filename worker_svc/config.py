@@ -44,17 +44,6 @@ class ModelRunnerConfig:
         "reference: torch's own ops only, on any device",
         choices=("reference", "native"),
     )
-    attention_backend: str = _opt(
-        "auto",
-        "decode attention: native (C kernel reading the paged cache in place, CPU), torch "
-        "(gather + SDPA), auto (native where it builds)",
-        choices=("auto", "native", "torch"),
-    )
-    optimize_linears: bool = _opt(
-        True,
-        "CPU: float32 linears run the native packed GEMM (AVX-512; else MKL on transposed "
-        "weights); bfloat16 ones keep a copy packed for oneDNN at decode sizes",
-    )
     quantization: str = _opt(
         "none",
         "weights: none (the model's dtype) or int8 (weight-only, one float32 scale per output "
@@ -63,26 +52,10 @@ class ModelRunnerConfig:
         "to start",
         choices=("none", "int8"),
     )
-    fused_ops: bool = _opt(
-        True,
-        "CPU float32 / bfloat16: RMSNorm and the SiLU-gated MLP product in one native pass "
-        "each, for the model classes known to use Llama's formulas",
-    )
-    decoder_loop: bool = _opt(
-        True,
-        "CPU, Llama models with fused ops: the runner's own loop over the layers instead of "
-        "Hugging Face's forward (same bits), residual add and norm in one pass, q/k/v in one "
-        "AMX GEMM (bfloat16)",
-    )
     keep_freed_memory: bool = _opt(
         True,
         "CPU: glibc malloc keeps freed activations for reuse instead of returning them to "
         "the kernel (each prefill step otherwise page-faults its tensors in again)",
-    )
-    compile: bool = _opt(
-        False,
-        "torch.compile the decoder layers (inductor fuses norms, rotary, activations); the "
-        "paged attention call stays eager; the first steps of each new shape compile",
     )
     max_logprobs: int = _opt(20, "most top-n logprobs a request may ask for")
     warmup_tokens: int = _opt(
@@ -102,8 +75,6 @@ class ModelRunnerConfig:
             raise ValueError(f"num_gpu_blocks must be positive, got {self.num_gpu_blocks}")
         if self.num_host_blocks < 0 or self.swap_space < 0 or self.warmup_tokens < 0:
             raise ValueError("num_host_blocks, swap_space and warmup_tokens must not be negative")
-        if self.attention_backend not in ("auto", "native", "torch"):
-            raise ValueError(f"unknown attention_backend {self.attention_backend!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"unknown dtype {self.dtype!r}")
         if self.kernels not in ("reference", "native"):

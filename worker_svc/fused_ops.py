@@ -1,43 +1,23 @@
-"""One-pass RMSNorm and SiLU-gated MLP product for the CPU forward (worker_svc/csrc/
-fused_ops.c), swapped into the stock Hugging Face model as modules, as fast_linear does for the
-linears: the decoder layer's own forward code is untouched.
-
-In bfloat16 on a CPU with AMX, where both projections are fast_linear.AmxLinear, the gated MLP
-runs gate, up and the product in one kernel pass (worker_svc/amx_gemm.py): the projections'
-outputs are never written out and read back, which two oneDNN projections and a separate
-product would do.
-
-Swapped only where the math is known to be the same: the RMSNorm and MLP classes listed below
-(Llama's formulas; Gemma's `1 + weight` norm, for one, is not among them), float32 or bfloat16
-(rounded where torch's bfloat16 ops round), on the CPU, with the native library built with
-AVX-512. `--kernels reference` keeps torch's ops.
+"""The native elementwise kernels (worker_svc/csrc/fused_ops.c): RMSNorm, residual add and
+RMSNorm in one pass, rotary, the SiLU-gated product and a row-wise argmax, float32 and bfloat16
+(rounded where torch's bfloat16 ops round). The native backend (worker_svc/ops/native.py) calls
+them; the library carrying them is built with AVX-512 (elsewhere they are absent and the
+reference ops run).
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import sys
 
 import torch
-from torch import nn
 
 from worker_svc import native_attention
-from worker_svc.fast_linear import AmxLinear
 from worker_svc.packed_gemm import profiled_range
 
 log = logging.getLogger("splitserve.worker.fused_ops")
 
 _I64, _P = ctypes.c_int64, ctypes.c_void_p
-RMS_NORM_CLASSES = frozenset(
-    {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Phi3RMSNorm"}
-)
-GATED_MLP_CLASSES = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
-# attention classes whose modeling module applies rotary in Llama's rotate-half form
-ROTARY_CLASSES = frozenset(
-    {"LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention"}
-)
-SILU_CLASSES = frozenset({"SiLU", "SiLUActivation"})
 DTYPES = (torch.float32, torch.bfloat16)
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
@@ -172,160 +152,6 @@ class FusedOps:
         return out
 
 
-class NativeRotary:
-    """A modeling module's `apply_rotary_pos_emb(q, k, cos, sin)` (Llama's rotate-half form),
-    native for the runner's packed batch on the CPU and the stock function for anything else.
-    Installed in the module (the attention forward looks the name up at each call), as the
-    stock function is: float32 results are the same bits, so other users of the module in the
-    process see no difference."""
-
-    def __init__(self, stock, ops: FusedOps) -> None:
-        self.stock = stock
-        self._ops = ops
-        self.enabled = True
-
-    def __call__(self, q, k, cos, sin, *args, **kwargs):
-        if args or kwargs or not self.enabled or not _rotary_applies(q, k, cos, sin):
-            return self.stock(q, k, cos, sin, *args, **kwargs)
-        return self._ops.rotary(q, cos, sin), self._ops.rotary(k, cos, sin)
-
-
-def _rotary_applies(q, k, cos, sin) -> bool:
-    dtype = q.dtype
-    if dtype not in DTYPES or q.device.type != "cpu" or q.dim() != 4 or q.shape[0] != 1:
-        return False
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-        return False
-    tokens, head_dim = q.shape[2], q.shape[3]
-    return (
-        head_dim % 32 == 0
-        and k.dim() == 4
-        and k.shape[0] == 1
-        and k.shape[2:] == q.shape[2:]
-        and k.dtype == cos.dtype == sin.dtype == dtype
-        and k.device.type == "cpu"
-        and cos.shape == sin.shape == (1, tokens, head_dim)
-        and cos.stride() == sin.stride()
-        and cos.stride(-1) == q.stride(-1) == k.stride(-1) == 1
-    )
-
-
-def install_rotary(model: nn.Module, ops: FusedOps) -> int:
-    """Put NativeRotary in the modeling modules of the model's known attention classes, where
-    it gives the stock function's results on a probe (float32 bit for bit, bfloat16 as well);
-    returns how many modules use it."""
-    installed = 0
-    for name in {type(m).__module__ for m in model.modules() if type(m).__name__ in ROTARY_CLASSES}:
-        module = sys.modules.get(name)
-        stock = getattr(module, "apply_rotary_pos_emb", None)
-        if stock is None:
-            continue
-        if isinstance(stock, NativeRotary):
-            stock.enabled = True
-        elif _same_as_stock(NativeRotary(stock, ops), stock):
-            module.apply_rotary_pos_emb = NativeRotary(stock, ops)
-        else:
-            log.warning("%s.apply_rotary_pos_emb differs from the native rotary: kept", name)
-            continue
-        installed += 1
-    return installed
-
-
-def _same_as_stock(native: NativeRotary, stock) -> bool:
-    gen = torch.Generator().manual_seed(0)
-    for dtype in DTYPES:
-        qkv = torch.randn(1, 5, 3, 4, 64, generator=gen).to(dtype)  # [1, T, 3, heads, dim]
-        q, k = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2)
-        angles = torch.randn(1, 5, 64, generator=gen) * 50
-        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-        got, want = native(q, k, cos, sin), stock(q, k, cos, sin)
-        if not all(torch.equal(g, w) for g, w in zip(got, want, strict=True)):
-            return False
-    return True
-
-
-class NativeRMSNorm(nn.Module):
-    def __init__(self, norm: nn.Module, ops: FusedOps) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(norm.weight.detach().contiguous(), requires_grad=False)
-        self.variance_epsilon = float(norm.variance_epsilon)
-        self._ops = ops
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if hidden_states.dtype != self.weight.dtype:  # not in the runner: HF's promotion rules
-            return _stock_rms_norm(hidden_states, self.weight, self.variance_epsilon)
-        return self._ops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
-
-
-def _stock_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama's RMSNorm formula in torch ops (for inputs of another dtype than the weight)."""
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-class NativeGatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)), the product in one pass, in place in gate's output."""
-
-    def __init__(self, mlp: nn.Module, ops: FusedOps) -> None:
-        super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
-        self._ops = ops
-        # bfloat16 on AMX: both projections and the product in one kernel pass
-        self._amx, self.gate_up_packed = None, None
-        gate, up = self.gate_proj, self.up_proj
-        if (
-            isinstance(gate, AmxLinear)
-            and isinstance(up, AmxLinear)
-            and gate.bias is None
-            and up.bias is None
-            and gate.weight.shape == up.weight.shape
-            and gate.out_features % 16 == 0
-        ):
-            packed = gate.gemm.pack_gate_up(gate.weight, up.weight)
-            self.gate_up_packed = nn.Parameter(packed, requires_grad=False)
-            self._amx = gate.gemm
-            gate.drop_packed()
-            up.drop_packed()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._amx is not None and x.dtype == torch.bfloat16:
-            if x.stride(-1) != 1:
-                x = x.contiguous()
-            product = self._amx.gate_up_silu(x, self.gate_up_packed, self.gate_proj.out_features)
-            return self.down_proj(product)
-        gate, up = self.gate_proj(x).contiguous(), self.up_proj(x).contiguous()
-        if gate.dtype not in DTYPES or up.dtype != gate.dtype:
-            return self.down_proj(nn.functional.silu(gate) * up)
-        return self.down_proj(self._ops.silu_mul_(gate, up))
-
-
 def load() -> FusedOps | None:
     lib = native_attention.library_with("fused_ops_available")
     return FusedOps(lib) if lib is not None and lib.fused_ops_available() else None
-
-
-def fuse_elementwise(model: nn.Module) -> int:
-    """Swap the known RMSNorm and SiLU-gated MLP modules (float32 or bfloat16, CPU); returns
-    how many."""
-    if next(model.parameters()).dtype not in DTYPES:
-        return 0
-    ops = load()
-    if ops is None:
-        return 0
-    swapped = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            kind = type(child).__name__
-            if kind in RMS_NORM_CLASSES and hasattr(child, "variance_epsilon"):
-                setattr(parent, name, NativeRMSNorm(child, ops))
-            elif kind in GATED_MLP_CLASSES and type(getattr(child, "act_fn", None)).__name__ in (
-                SILU_CLASSES
-            ):
-                setattr(parent, name, NativeGatedMLP(child, ops))
-            else:
-                continue
-            swapped += 1
-    rotary = install_rotary(model, ops)
-    log.info("%d norm and MLP modules now native; rotary native in %d modules", swapped, rotary)
-    return swapped

@@ -10,16 +10,8 @@ from __future__ import annotations
 import torch
 
 from worker_svc import cpu_caps, fused_ops, native_attention, packed_gemm
-from worker_svc.fast_linear import linear_kind
-
-# fast_linear.linear_kind's kinds, for people
-LINEAR_KINDS = {
-    "native-packed": "native packed GEMM",
-    "transposed": "MKL (weight transposed)",
-    "amx-packed": "AMX GEMM (decode sizes), oneDNN (prefill)",
-    "packed": "oneDNN, weight packed once (decode sizes)",
-    "stock": "torch",
-}
+from worker_svc.ops.native_linear import KINDS as LINEAR_KINDS
+from worker_svc.ops.native_linear import linear_kind
 
 
 def kernel_choices() -> dict[str, str]:

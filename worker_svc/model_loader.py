@@ -67,10 +67,9 @@ def convert_gguf(source: ModelSource, out_dir: Path) -> None:
         shutil.copy2(item, out_dir / item.name)
 
 
-def load_model(
-    source: ModelSource, dtype: torch.dtype, device: torch.device, attn_implementation: str
-) -> torch.nn.Module:
-    """The model in eval mode on `device`, its attention set to `attn_implementation`."""
+def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    """The transformers model in eval mode on `device`: the weights the model implementation
+    (worker_svc.model) takes; its forward is not run."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = model_dir(source)
@@ -79,9 +78,7 @@ def load_model(
         raise ValueError(f"model {source.name!r} is encoder-decoder; only decoder-only models run")
     if getattr(config, "attn_logit_softcapping", None) or getattr(config, "softcap", None):
         raise ValueError(f"model {source.name!r} uses attention soft-capping, not supported")
-    model = AutoModelForCausalLM.from_pretrained(
-        path, config=config, dtype=dtype, attn_implementation=attn_implementation
-    )
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype)
     model.to(device)
     model.eval()
     model.requires_grad_(False)

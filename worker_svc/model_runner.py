@@ -3,10 +3,12 @@
     runner = ModelRunner(ModelRunnerConfig(model=None))
     out = runner.execute_model(scheduler_output)   # out.sampled_token_ids[req_id] -> [token] or []
 
-Each step packs every scheduled token of every request into one sequence (`input_ids` [1, T],
-explicit `position_ids`): decodes first, sorted by context length (attention groups them), then
-prefill chunks. The stock Hugging Face model runs on it with the paged attention function
-(worker_svc.attention) and `logits_to_keep` = the last token of each request that samples.
+Each step packs every scheduled token of every request into one sequence (`input_ids` [T],
+explicit positions): decodes first, sorted by context length (attention groups them), then
+prefill chunks. The model implementation (worker_svc.model, over the op table the config's
+`kernels` selects: worker_svc.ops) runs it and returns the logits of the last token of each
+request that samples; the sampler picks the tokens. Transformers loads the weights (and is the
+tests' oracle); its forward never runs here.
 """
 
 from __future__ import annotations
@@ -21,25 +23,16 @@ import torch
 from common.messages import SchedulerOutput
 from common.model_source import resolve_model
 from common.tokenizer import load_tokenizer
-from worker_svc import (
-    attention,
-    cpu_caps,
-    decoder_loop,
-    fused_ops,
-    native_attention,
-    quantization,
-    token_mask,
-)
-from worker_svc.compile import compile_model
+from worker_svc import attention, cpu_caps, decode_stack, token_mask
 from worker_svc.config import GiB, ModelRunnerConfig
 from worker_svc.cost_probe import time_throwaway_prefill
-from worker_svc.fast_linear import optimize_linears
-from worker_svc.fused_ops import fuse_elementwise
 from worker_svc.host_memory import keep_freed_memory
 from worker_svc.input_batch import InputBatch
 from worker_svc.kv_cache import KVCache, bytes_per_block
+from worker_svc.model import CausalLM
 from worker_svc.model_loader import load_model, resolve_device, resolve_dtype
 from worker_svc.native_attention import PagedDecodeKernel
+from worker_svc.ops import NativeOps, select_ops
 from worker_svc.sampler import Sampler, SamplingMetadata, TokenLogprobs, token_masks
 from worker_svc.structured_output import StructuredOutputs
 
@@ -62,8 +55,8 @@ class _StepInputs:
     rows: np.ndarray  # batch rows, packed order
     num_scheduled: np.ndarray
     sample_mask: np.ndarray  # per packed request: does it sample this step
-    input_ids: torch.Tensor  # [1, T]
-    position_ids: torch.Tensor  # [1, T]
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
     logits_index: torch.Tensor  # [S] packed index of each sampling request's last token
     meta: attention.AttentionMetadata
 
@@ -75,34 +68,22 @@ class ModelRunner:
             torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        # the native kernels run on the CPU only: every other device runs the reference path
-        self.native = self.device.type == "cpu" and config.kernels == "native"
-        quantization.check_supported(config.quantization, self.device, self.dtype, config.kernels)
+        self.ops = select_ops(self.device, self.dtype, config.kernels, config.quantization)
+        self.native = isinstance(self.ops, NativeOps)
         if config.keep_freed_memory:  # host memory: the CPU path's activations, the swap pool
             keep_freed_memory()
         self.source = resolve_model(config.model)
         started = time.perf_counter()
-        self.model = load_model(self.source, self.dtype, self.device, attention.register())
-        self.linear_kind = "stock"
-        if self.native and (config.optimize_linears or config.quantization != "none"):
-            self.linear_kind = optimize_linears(self.model, config.quantization)
-        self.fused_modules = 0
-        if self.native and config.fused_ops and not config.compile:  # same job
-            self.fused_modules = fuse_elementwise(self.model)
-        if config.compile:
-            compile_model(self.model)
-        ops = fused_ops.load() if self.native and config.fused_ops else None
-        self.decoder_loop = None
-        if self.fused_modules and config.decoder_loop:
-            self.decoder_loop = decoder_loop.build(self.model, ops)
-        self.load_time_s = time.perf_counter() - started
-        mc = self.model.config.get_text_config()
-        self._vocab_size = int(mc.vocab_size)
-        num_layers = int(mc.num_hidden_layers)
-        kv_heads = int(getattr(mc, "num_key_value_heads", None) or mc.num_attention_heads)
-        head_dim = int(getattr(mc, "head_dim", None) or mc.hidden_size // mc.num_attention_heads)
+        hf_model = load_model(self.source, self.dtype, self.device)
+        self.model = CausalLM.from_hf(hf_model, self.ops)
+        mc = hf_model.config.get_text_config()
         self._max_model_len = self._resolve_max_model_len(mc)
-        self._eos_token_id = self._resolve_eos()
+        self._eos_token_id = self._resolve_eos(hf_model)
+        del hf_model  # the model implementation holds what it needs (packed copies, on native)
+        self.load_time_s = time.perf_counter() - started
+        spec = self.model.spec
+        self._vocab_size = spec.vocab_size
+        num_layers, kv_heads, head_dim = spec.num_layers, spec.num_kv_heads, spec.head_dim
 
         per_block = bytes_per_block(num_layers, config.block_size, kv_heads, head_dim, self.dtype)
         num_blocks = config.num_gpu_blocks or self._kv_budget() // per_block
@@ -126,18 +107,14 @@ class ModelRunner:
             device=self.device,
             max_logprobs=config.max_logprobs,
         )
-        self.decode_kernel = self._resolve_decode_kernel()
-        self.native_prefill = (
-            self.decode_kernel is not None
-            and self.decode_kernel.supports_prefill(
-                self.kv_cache.key_caches[0], int(mc.num_attention_heads), kv_heads, head_dim
-            )
-        )
+        self.ops.bind_cache(self.kv_cache.key_caches[0], spec.num_heads, kv_heads, head_dim)
+        if self.native:  # pure-decode steps in one native call, where every layer's kernel has one
+            self.model.decode_step = decode_stack.build(self.model)
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(
             generator,
-            ops.argmax if ops is not None else None,
-            token_mask.load() if self.native and self.device.type == "cpu" else None,
+            self.ops.fused.argmax if self.native and self.ops.fused else None,
+            token_mask.load() if self.native else None,
         )
         self.structured = StructuredOutputs(
             lambda: load_tokenizer(self.source), self._vocab_size, self._eos_token_id
@@ -198,14 +175,24 @@ class ModelRunner:
         )
 
     @property
+    def linear_kind(self) -> str:
+        return self.ops.linear_kind if self.native else "torch"
+
+    @property
+    def decode_kernel(self) -> PagedDecodeKernel | None:
+        return self.ops.attention_kernel
+
+    @property
+    def native_prefill(self) -> bool:
+        return self.ops.native_prefill
+
+    @property
     def forward_path(self) -> str:
-        """What runs a step's layers: "hf" (the model's forward), "decoder-loop", or
-        "decoder-loop+decode-stack" (pure-decode steps in one native call)."""
-        if self.decoder_loop is None:
-            return "hf"
-        stack = self.decoder_loop.stack
-        on = stack is not None and stack.enabled
-        return "decoder-loop+decode-stack" if on else "decoder-loop"
+        """What runs a step's layers: "model" (the layer loop), "model+decode-stack" (pure-decode
+        steps in one native call)."""
+        step = self.model.decode_step
+        on = step is not None and getattr(step, "enabled", True)
+        return "model+decode-stack" if on else "model"
 
     def warm_up(self, num_tokens: int) -> int:
         """One throwaway prefill of up to num_tokens tokens, finished at once. Without it the
@@ -245,18 +232,9 @@ class ModelRunner:
         started = time.perf_counter()
         inputs = self._prepare_inputs(so)
         with torch.inference_mode():
-            if self.decoder_loop is not None:
-                logits = self.decoder_loop(
-                    inputs.input_ids, inputs.position_ids, inputs.logits_index, inputs.meta
-                )
-            else:
-                logits = self.model(
-                    input_ids=inputs.input_ids,
-                    position_ids=inputs.position_ids,
-                    use_cache=False,
-                    logits_to_keep=inputs.logits_index,
-                    **{attention.METADATA_KWARG: inputs.meta},
-                ).logits[0]
+            logits = self.model(
+                inputs.input_ids, inputs.positions, inputs.logits_index, inputs.meta
+            )
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             forwarded = time.perf_counter()
@@ -377,36 +355,19 @@ class ModelRunner:
             slot_mapping=slot_mapping,
             dtype=self.dtype,
             device=dev,
-            decode_kernel=self.decode_kernel,
-            native_prefill=self.native_prefill,
+            decode_kernel=self.ops.attention_kernel,
+            native_prefill=self.ops.native_prefill,
         )
         return _StepInputs(
             req_ids=req_ids,
             rows=rows,
             num_scheduled=n,
             sample_mask=sample_mask,
-            input_ids=torch.from_numpy(input_ids).to(dev, non_blocking=True).view(1, -1),
-            position_ids=torch.from_numpy(positions).to(dev, non_blocking=True).view(1, -1),
+            input_ids=torch.from_numpy(input_ids).to(dev, non_blocking=True),
+            positions=torch.from_numpy(positions).to(dev, non_blocking=True),
             logits_index=torch.from_numpy(ends[sample_mask] - 1).to(dev, non_blocking=True),
             meta=meta,
         )
-
-    def _resolve_decode_kernel(self) -> PagedDecodeKernel | None:
-        backend = self.config.attention_backend
-        if backend == "torch" or not self.native:
-            if backend == "native":
-                raise ValueError(
-                    "attention_backend=native needs the CPU device and --kernels native"
-                )
-            return None
-        kernel = native_attention.load()
-        if kernel is None or not kernel.supports(self.kv_cache.key_caches[0]):
-            if backend == "native":
-                raise ValueError(
-                    f"the native paged attention kernel is unavailable for {self.dtype} here"
-                )
-            return None
-        return kernel
 
     # --- sizing ---
 
@@ -425,11 +386,12 @@ class ModelRunner:
             raise ValueError(f"max_model_len={wanted} > the model's limit {limit}")
         return wanted
 
-    def _resolve_eos(self) -> int | None:
-        gen = getattr(self.model, "generation_config", None)
+    @staticmethod
+    def _resolve_eos(hf_model) -> int | None:
+        gen = getattr(hf_model, "generation_config", None)
         eos = getattr(gen, "eos_token_id", None)
         if eos is None:
-            eos = getattr(self.model.config, "eos_token_id", None)
+            eos = getattr(hf_model.config, "eos_token_id", None)
         if isinstance(eos, list | tuple):
             eos = eos[0] if eos else None
         return None if eos is None else int(eos)
