@@ -47,7 +47,7 @@ def in_process():
     runner = ModelRunner(
         ModelRunnerConfig(model=None, dtype="bfloat16", num_gpu_blocks=192, num_threads=2)
     )
-    assert runner.forward_path == "decoder-loop+decode-stack"
+    assert runner.forward_path == "model+decode-stack"
     ids = [load_tokenizer(None).encode(p) for p in PROMPTS]
     outs = generate_in_process(
         ids, max_tokens=MAX_TOKENS, runner=runner, max_num_batched_tokens=int(BUDGET)

@@ -347,16 +347,11 @@ def test_other_architectures(arch, tmp_path):
     assert d.run() == refs
 
 
-@pytest.mark.parametrize(
-    "options",
-    [
-        pytest.param({"compile": True}, id="compiled", marks=pytest.mark.slow),
-        pytest.param({"attention_backend": "torch", "optimize_linears": False}, id="stock"),
-    ],
-)
-def test_runner_options_keep_hf_equality(options, tiny_llama_dir):
-    """--compile (inductor MLP / norms) and the plain path (torch attention, nn.Linear as
-    loaded) give the same greedy tokens as HF, chunked prefill beside decodes included."""
+@pytest.mark.parametrize("kernels", ["reference", "native"])
+def test_kernels_keep_hf_equality(kernels, tiny_llama_dir):
+    """Both op backends (reference: torch only; native: this CPU's kernels, each falling back
+    to torch's op where it has none) give the same greedy tokens as HF, chunked prefill beside
+    decodes included."""
     from transformers import AutoModelForCausalLM
 
     rng = random.Random(5)
@@ -364,10 +359,12 @@ def test_runner_options_keep_hf_equality(options, tiny_llama_dir):
     hf = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         refs = {f"p{i}": hf_greedy(hf, p, 10) for i, p in enumerate(prompts)}
-    cfg = ModelRunnerConfig(model=str(tiny_llama_dir), block_size=4, num_gpu_blocks=64, **options)
+    cfg = ModelRunnerConfig(
+        model=str(tiny_llama_dir), kernels=kernels, block_size=4, num_gpu_blocks=64
+    )
     runner = ModelRunner(cfg)
-    if options.get("attention_backend") == "torch":
-        assert runner.decode_kernel is None
+    if kernels == "reference":
+        assert runner.decode_kernel is None and runner.linear_kind == "torch"
     d = Driver(runner, chunk=6)
     for i, p in enumerate(prompts):
         d.add(f"p{i}", p, 10)

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from tests.cpu_levels import needs_level  # noqa: E402
 from worker_svc import cpu_caps, kernel_build, native_attention  # noqa: E402
-from worker_svc.attention import METADATA_KWARG, build_metadata, paged_attention_forward  # noqa: E402
+from worker_svc.attention import build_metadata, paged_attention  # noqa: E402
 
 NATIVE = native_attention.load()
 BACKENDS = [
@@ -98,13 +98,13 @@ def check_mixed_batch(group_size, backend, H, KVH, D):  # noqa: N803 - the modul
     )
     assert meta.num_native_decodes == (len(decodes) if backend.startswith("native") else 0)
     assert (meta.prefill_q_len is not None) == (backend == "native-prefill")
-    query = torch.cat([d.q for d in packed]).transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
-    key = torch.cat([d.k[d.c :] for d in packed]).transpose(0, 1).unsqueeze(0)
-    value = torch.cat([d.v[d.c :] for d in packed]).transpose(0, 1).unsqueeze(0)
-    out, _ = paged_attention_forward(
-        SimpleNamespace(layer_idx=0), query, key, value, None, D**-0.5, **{METADATA_KWARG: meta}
-    )
-    assert out.shape == (1, sum(d.n for d in packed), H, D)
+    query = torch.cat([d.q for d in packed])  # [T, H, D]
+    key = torch.cat([d.k[d.c :] for d in packed])  # [T, KVH, D]
+    value = torch.cat([d.v[d.c :] for d in packed])
+    flat = paged_attention(query, key, value, key_cache, value_cache, meta, D**-0.5)
+    total = sum(d.n for d in packed)
+    assert flat.shape == (total, H * D)
+    out = flat.view(1, total, H, D)
     start = 0
     for d in packed:
         want = reference(d.q, d.k, d.v, d.c)
