@@ -22,7 +22,7 @@ from torch.autograd import profiler
 
 from worker_svc import native_attention
 from worker_svc.model.llama import CausalLM, DecoderLayer
-from worker_svc.ops.native import NativeGatedProduct
+from worker_svc.ops.native import NativeGatedProduct, SeparateLinears
 from worker_svc.ops.native_linear import AMX_MAX_ROWS, AmxLinear, NativePackedLinear
 from worker_svc.ops.reference import SplitLinear
 
@@ -180,14 +180,14 @@ def _layer_ptrs(layer: DecoderLayer, model: CausalLM) -> dict[str, int] | None:
     if (
         layer.q_norm is not None
         or spec.head_dim % 32  # the native rotary's condition
-        or not isinstance(qkv, SplitLinear)
+        or not isinstance(qkv, SplitLinear | SeparateLinears)
         or not isinstance(gated, NativeGatedProduct)
         or gated._ops is None  # noqa: SLF001
         or layer.input_norm.dtype != dtype
     ):
         return None
     ptrs = {"input_norm": _ptr(layer.input_norm), "post_norm": _ptr(layer.post_norm)}
-    joined = qkv.linear
+    joined = qkv.linear if isinstance(qkv, SplitLinear) else None
     if dtype == torch.bfloat16:
         if not (
             isinstance(joined, AmxLinear)
@@ -200,9 +200,12 @@ def _layer_ptrs(layer: DecoderLayer, model: CausalLM) -> dict[str, int] | None:
         linears = {"o": layer.o_proj, "down": layer.down_proj}
     else:
         linears = {"o": layer.o_proj, "gate": gated.gate, "up": gated.up, "down": layer.down_proj}
-        if not isinstance(joined, NativePackedLinear) or not all(
-            isinstance(p, NativePackedLinear) for p in linears.values()
-        ):
+        if isinstance(qkv, SeparateLinears):  # q, k and v packed apart
+            linears.update(zip("qkv", qkv.linears, strict=True))
+        if not all(isinstance(p, NativePackedLinear) for p in linears.values()):
+            return None
+    if joined is not None and dtype != torch.bfloat16:
+        if not isinstance(joined, NativePackedLinear):
             return None
         width = joined.gemm.panel_width
         if any(size % width for size in qkv.sizes):

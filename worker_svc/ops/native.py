@@ -14,7 +14,20 @@ import torch
 from worker_svc import cpu_caps, fused_ops, native_attention, quantization
 from worker_svc.ops import native_linear
 from worker_svc.ops.native_linear import AMX_MAX_ROWS, AmxLinear
-from worker_svc.ops.reference import Linear, ReferenceOps
+from worker_svc.ops.reference import Linear, ReferenceOps, SplitLinear
+
+
+class SeparateLinears:
+    """q, k and v as three linears of one input: for the packed GEMM where the projections'
+    widths are not whole panels (a joined packing's slices could not serve each alone, as the
+    decode stack needs them)."""
+
+    def __init__(self, linears: list[Linear]) -> None:
+        self.linears = linears
+        self.sizes = tuple(linear.out_features for linear in linears)
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(linear(x) for linear in self.linears)
 
 
 class NativeGatedProduct:
@@ -61,6 +74,16 @@ class NativeOps(ReferenceOps):
 
     def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
         return native_linear.make_linear(self.linear_kind, weight, bias)
+
+    def qkv(
+        self, weights: list[torch.Tensor], biases: list[torch.Tensor | None]
+    ) -> SplitLinear | SeparateLinears:
+        if self.linear_kind in ("native-packed", "int8-packed"):
+            width = native_linear.packed_gemm.load().panel_width
+            if any(w.shape[0] % width for w in weights):
+                pairs = zip(weights, biases, strict=True)
+                return SeparateLinears([self.linear(w, b) for w, b in pairs])
+        return super().qkv(weights, biases)
 
     def gated_product(self, gate: torch.Tensor, up: torch.Tensor) -> Linear:
         return NativeGatedProduct(self, gate, up)
