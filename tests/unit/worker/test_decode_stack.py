@@ -1,6 +1,7 @@
-"""The native decode stack (worker_svc/decode_stack.py) runs a pure-decode step's layers in one
-call and gives the Python layer loop's logits bit for bit (and so HF's forward's), in float32
-and bfloat16; steps with prefill chunks, steps under the profiler, and a stack switched off
+"""The native decode stack (worker_svc/decode_stack.py, installed as the model's decode_step)
+runs a pure-decode step's layers in one call and gives the model's Python layer loop's logits
+bit for bit (decode_step set against decode_step=None on the same steps), in float32 and
+bfloat16; steps with prefill chunks, steps under the profiler, and a stack switched off
 (DecodeStack.enabled) keep the loop."""
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tests.cpu_levels import needs_level  # noqa: E402
-from tests.unit.worker.test_decoder_loop import run_steps  # noqa: E402
-from worker_svc import native_attention  # noqa: E402
+from tests.unit.worker.runner_steps import run_steps  # noqa: E402
+from worker_svc import native_attention, packed_gemm  # noqa: E402
 from worker_svc.config import ModelRunnerConfig  # noqa: E402
+from worker_svc.decode_stack import DecodeStack  # noqa: E402
 from worker_svc.model_runner import ModelRunner  # noqa: E402
 
 
@@ -54,13 +56,14 @@ def llama_hd64_dir(tmp_path_factory):
 
 
 def counted(stack):
-    """`stack`, its calls counted in stack.calls from here on."""
+    """`stack`, the steps it ran (not declined) counted in stack.calls from here on."""
     stack.calls = 0
     original = type(stack).__call__
 
     def call(self, *args):
-        self.calls += 1
-        return original(self, *args)
+        out = original(self, *args)
+        self.calls += out is not None
+        return out
 
     stack.__class__ = type("CountedStack", (type(stack),), {"__call__": call})
     return stack
@@ -79,23 +82,28 @@ def runner_for(path, dtype="bfloat16", blocks=512, block_size=4):
 
 
 def stack_vs_loop(runner, prompts, chunk, decodes):
-    """Each step's logits with the stack on, then with it off (the Python loop)."""
-    stack = runner.decoder_loop.stack
+    """Each step's logits with the stack as the model's decode_step, then without it (the
+    model's layer loop on the same ops), and how many steps the stack ran."""
+    stack = runner.model.decode_step
+    assert isinstance(stack, DecodeStack)
     stack.enabled = True
+    before = getattr(stack, "calls", 0)
     got = run_steps(runner, prompts, chunk, decodes)
-    used = stack.calls
-    stack.enabled = False
+    used = getattr(stack, "calls", 0) - before
+    runner.model.decode_step = None
     try:
+        assert runner.forward_path == "model"
         want = run_steps(runner, prompts, chunk, decodes)
     finally:
-        stack.enabled = True
+        runner.model.decode_step = stack
     return got, want, used
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_steps_are_the_layer_loops_bits(llama_hd64_dir, dtype):
     runner = runner_for(llama_hd64_dir, dtype)
-    counted(runner.decoder_loop.stack)
+    assert runner.forward_path == "model+decode-stack"
+    counted(runner.model.decode_step)
     # 37 rows: not a multiple of the GEMM's 32-row tiles; contexts over several 4-token blocks
     prompts = [[(i * 7 + j * 3) % 500 + 3 for j in range(2 + i % 11)] for i in range(37)]
     got, want, used = stack_vs_loop(runner, prompts, chunk=16, decodes=5)
@@ -103,55 +111,69 @@ def test_decode_steps_are_the_layer_loops_bits(llama_hd64_dir, dtype):
     assert len(got) == len(want) and all(g.dtype == getattr(torch, dtype) for g in got)
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
-    # and the same as Hugging Face's forward on the same modules
-    loop, runner.decoder_loop = runner.decoder_loop, None
-    try:
-        hf = run_steps(runner, prompts, chunk=16, decodes=5)
-    finally:
-        runner.decoder_loop = loop
-    assert all(torch.equal(g, h) for g, h in zip(got, hf, strict=True))
 
 
-@needs_stack
-def test_reads_the_live_weights(llama_hd64_dir):
-    """The stack reads the live weights: a change to one shows in its logits, undoing it
-    restores them."""
-    runner = runner_for(llama_hd64_dir)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reads_the_live_weights(llama_hd64_dir, dtype):
+    """The stack reads the model's live (packed) weights: a change to one shows in its logits,
+    undoing it restores them."""
+    runner = runner_for(llama_hd64_dir, dtype)
+    stack = counted(runner.model.decode_step)
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
     before = run_steps(runner, prompts, chunk=8, decodes=2)[-1]
-    mlp = runner.decoder_loop.layers[1].mlp
+    down = runner.model.layers[1].down_proj.packed_weight
+    assert down.is_floating_point()
     with torch.no_grad():
-        mlp.down_proj.packed_weight.mul_(2)
+        down.mul_(2)
     try:
         after = run_steps(runner, prompts, chunk=8, decodes=2)[-1]
     finally:
         with torch.no_grad():
-            mlp.down_proj.packed_weight.div_(2)
+            down.div_(2)
+    assert stack.calls == 2
     assert not torch.equal(before, after)
     assert torch.equal(run_steps(runner, prompts, chunk=8, decodes=2)[-1], before)
 
 
-@needs_stack
+@needs_f32_stack
 def test_switched_off_and_where_it_does_not_apply(llama_hd64_dir, tiny_llama_dir):
-    assert runner_for(tiny_llama_dir).forward_path == "decoder-loop"  # head_dim 16: no rotary
-    runner = runner_for(llama_hd64_dir)
-    assert runner.forward_path == "decoder-loop+decode-stack"
-    off = counted(runner.decoder_loop.stack)
+    tiny = runner_for(tiny_llama_dir, "float32")  # head_dim 16: no native rotary
+    assert tiny.model.decode_step is None and tiny.forward_path == "model"
+    reference = runner_for(llama_hd64_dir, "float32")
+    reference.model.layers[0].q_norm = reference.model.layers[0].input_norm  # a Qwen3 layer
+    from worker_svc import decode_stack
+
+    assert decode_stack.build(reference.model) is None
+    runner = runner_for(llama_hd64_dir, "float32")
+    assert runner.forward_path == "model+decode-stack"
+    off = counted(runner.model.decode_step)
     off.enabled = False  # the Python loop, to compare
-    assert runner.forward_path == "decoder-loop"
+    assert runner.forward_path == "model"
     prompts = [[5, 6, 7], [8, 9]]
     want = run_steps(runner, prompts, chunk=4, decodes=4)
     assert off.calls == 0
-    on = runner_for(llama_hd64_dir)
-    stack = counted(on.decoder_loop.stack)
+    on = runner_for(llama_hd64_dir, "float32")
+    stack = counted(on.model.decode_step)
     got = run_steps(on, prompts, chunk=4, decodes=4)
     assert stack.calls == 3 and len(got) == len(want) == 4
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
     with torch.profiler.profile() as prof:  # the loop, so that each op shows in the profile
         profiled = run_steps(on, prompts, chunk=4, decodes=4)
     assert stack.calls == 3
-    assert any(e.key == "splitserve::amx_gemm" for e in prof.key_averages())
+    assert any(e.key == packed_gemm.PROFILE_NAME for e in prof.key_averages())
     assert all(torch.equal(g, w) for g, w in zip(profiled, want, strict=True))
+
+
+def test_not_built_for_the_reference_backend(llama_hd64_dir):
+    runner = ModelRunner(
+        ModelRunnerConfig(
+            model=str(llama_hd64_dir), kernels="reference", block_size=4, num_gpu_blocks=64
+        )
+    )
+    assert runner.model.decode_step is None and runner.forward_path == "model"
+    from worker_svc import decode_stack
+
+    assert decode_stack.build(runner.model) is None  # torch linears: not the stack's kernels
 
 
 @pytest.mark.slow
@@ -161,7 +183,7 @@ def test_smollm2_decode_batch(dtype):
     runner = ModelRunner(
         ModelRunnerConfig(model=None, dtype=dtype, num_gpu_blocks=1024, num_threads=2)
     )
-    counted(runner.decoder_loop.stack)
+    counted(runner.model.decode_step)
     prompts = [
         [(i * 131 + j * 17) % 40000 + 100 for j in range(20 + (i * 53) % 280)] for i in range(45)
     ]
