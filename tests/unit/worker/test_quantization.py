@@ -14,12 +14,19 @@ from splitserve.inprocess import generate_in_process  # noqa: E402
 from tests.cpu_levels import needs_level  # noqa: E402
 from worker_svc import amx_gemm, cpu_caps, packed_gemm, quantization  # noqa: E402
 from worker_svc.config import ModelRunnerConfig  # noqa: E402
-from worker_svc.fast_linear import Int8PackedLinear, optimize_linears  # noqa: E402
 from worker_svc.model_runner import ModelRunner  # noqa: E402
+from worker_svc.ops import NativeOps, native_linear  # noqa: E402
+from worker_svc.ops.native_linear import Int8PackedLinear  # noqa: E402
 
 GEMM = packed_gemm.load()
 needs_gemm = needs_level("avx2", "the packed GEMM's int8 entry")
 EPS32 = 2.0**-24  # float32's unit roundoff
+
+
+def int8_linear(lin: nn.Linear) -> Int8PackedLinear:
+    """The native backend's int8 linear over lin's weights."""
+    bias = None if lin.bias is None else lin.bias.detach()
+    return Int8PackedLinear(lin.weight.detach(), bias, GEMM)
 
 
 def test_quantize_int8_is_symmetric_per_output_channel():
@@ -55,7 +62,7 @@ def test_int8_linear_is_within_the_quantization_bound_of_float32(bias, in_featur
     the quantized weight (to float32 summation error), not the float32 one."""
     torch.manual_seed(in_features + out_features)
     lin = nn.Linear(in_features, out_features, bias=bias)
-    int8 = Int8PackedLinear(lin, GEMM)
+    int8 = int8_linear(lin)
     assert int8.packed_weight.dtype == torch.int8
     q, scale = quantization.quantize_int8(lin.weight)
     dequantized = q.double() * scale.double()[:, None]
@@ -76,7 +83,7 @@ def test_int8_linear_in_bfloat16_is_float32_math_rounded_once(bias):
     """A bfloat16 model: bfloat16 rows and bias, int8 weights, float32 sums rounded once."""
     torch.manual_seed(5)
     lin = nn.Linear(576, 200, bias=bias).to(torch.bfloat16)
-    int8 = Int8PackedLinear(lin, GEMM)
+    int8 = int8_linear(lin)
     q, scale = quantization.quantize_int8(lin.weight)
     dequantized = q.double() * scale.double()[:, None]
     for rows in (1, 9, 193):
@@ -94,7 +101,7 @@ def test_int8_linear_in_bfloat16_is_float32_math_rounded_once(bias):
 def test_int8_linear_is_batch_invariant(dtype):
     """A row's output is one fixed FMA chain: the same bits whatever it is batched with."""
     torch.manual_seed(1)
-    int8 = Int8PackedLinear(nn.Linear(576, 1536).to(dtype), GEMM)
+    int8 = int8_linear(nn.Linear(576, 1536).to(dtype))
     x = torch.randn(300, 576).to(dtype)
     full = int8(x)
     for start, stop in ((0, 1), (7, 8), (100, 164), (190, 300)):
@@ -105,7 +112,7 @@ def test_int8_linear_is_batch_invariant(dtype):
 @needs_gemm
 def test_int8_linear_threads_do_not_change_the_result():
     torch.manual_seed(2)
-    int8 = Int8PackedLinear(nn.Linear(576, 49152 // 8), GEMM)
+    int8 = int8_linear(nn.Linear(576, 49152 // 8))
     x = torch.randn(64, 576)
     before = torch.get_num_threads()
     try:
@@ -120,11 +127,19 @@ def test_int8_linear_threads_do_not_change_the_result():
 
 @needs_gemm
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_optimize_linears_int8_replaces_every_linear(dtype):
-    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 4))).to(dtype)
-    assert optimize_linears(model, "int8") == "int8-packed"
-    assert [type(m).__name__ for m in (model[0], model[2][0])] == ["Int8PackedLinear"] * 2
-    assert model(torch.randn(3, 8).to(dtype)).dtype == dtype
+def test_native_ops_int8_make_every_linear_int8(dtype):
+    """--quantization int8: every linear the native backend makes (q/k/v, the gated product's
+    gate and up, o, down, lm_head) holds int8 weights, and keeps the model's dtype."""
+    ops = NativeOps(dtype, "int8")
+    assert ops.linear_kind == "int8-packed"
+    w = torch.randn(96, 8).to(dtype)
+    apart = ops.qkv([w[:8], w[:4], w[:4]], [None] * 3)  # not whole 48-column panels
+    joined = ops.qkv([w, w[:48], w[:48]], [None] * 3)  # one GEMM over the three
+    gated = ops.gated_product(w, w)
+    linears = [ops.linear(w), *apart.linears, joined.linear, gated.gate, gated.up]
+    assert all(type(x) is Int8PackedLinear for x in linears)
+    assert all(x.packed_weight.dtype == torch.int8 for x in linears)
+    assert ops.linear(w)(torch.randn(3, 8).to(dtype)).dtype == dtype
 
 
 @needs_gemm
@@ -138,11 +153,13 @@ def test_int8_and_bfloat16_take_the_packed_gemm_without_amx(monkeypatch):
     assert amx_gemm.load() is None
     torch.manual_seed(4)
     x = torch.randn(5, 64).to(torch.bfloat16)
+    lin = nn.Linear(64, 32).to(torch.bfloat16)
+    want = lin(x)
     for method, kind in (("none", "native-packed"), ("int8", "int8-packed")):
-        model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 16)).to(torch.bfloat16)
-        want = model(x)
-        assert optimize_linears(model, method) == kind
-        got = model(x)
+        assert native_linear.linear_kind(torch.bfloat16, method) == kind
+        linear = native_linear.make_linear(kind, lin.weight.detach(), lin.bias.detach())
+        assert linear.kind == kind
+        got = linear(x)
         assert got.dtype == torch.bfloat16
         torch.testing.assert_close(got, want, atol=0.05, rtol=0.05)
 
@@ -269,8 +286,8 @@ def test_int8_decode_steps_run_the_native_stack_with_the_loops_bits(llama_hd32_d
         model=str(llama_hd32_dir), quantization="int8", block_size=4, num_gpu_blocks=256
     )
     runner = ModelRunner(config)
-    assert runner.forward_path == "decoder-loop+decode-stack"
-    counted(runner.decoder_loop.stack)
+    assert runner.forward_path == "model+decode-stack"
+    counted(runner.model.decode_step)
     prompts = [[(i * 7 + j * 3) % 290 + 3 for j in range(2 + i % 9)] for i in range(21)]
     got, want, used = stack_vs_loop(runner, prompts, chunk=8, decodes=4)
     assert used == 3 and len(got) == 5  # the pure-decode steps; the two prefill ones not
