@@ -134,7 +134,7 @@ def linear_kind(dtype: torch.dtype, quantization_method: str = "none") -> str:
 
 def make_linear(kind: str, weight: torch.Tensor, bias: torch.Tensor | None):
     """A linear of `kind` over [out, in] `weight`; the AMX kind takes only whole tiles (32 | in,
-    32 | out) and leaves other shapes to oneDNN's packing or torch."""
+    32 | out) where AMX is usable and leaves other shapes to oneDNN's packing or torch."""
     weight = weight.detach().contiguous()
     if kind == "int8-packed":
         return Int8PackedLinear(weight, bias, packed_gemm.load())
@@ -142,8 +142,9 @@ def make_linear(kind: str, weight: torch.Tensor, bias: torch.Tensor | None):
         return NativePackedLinear(weight, bias, packed_gemm.load())
     if kind == "transposed":
         return TransposedLinear(weight, bias)
-    if kind == "amx-packed" and amx_gemm.AmxGemm.supports(*reversed(weight.shape)):
-        return AmxLinear(weight, bias, amx_gemm.load())
+    amx = amx_gemm.load() if kind == "amx-packed" else None
+    if amx is not None and amx_gemm.AmxGemm.supports(*reversed(weight.shape)):
+        return AmxLinear(weight, bias, amx)
     if kind in ("amx-packed", "onednn-packed") and onednn_packing_available(weight.dtype):
         return OneDnnPackedLinear(weight, bias)
     return ReferenceLinear(weight, bias)
