@@ -44,6 +44,15 @@ class AttentionGroup:
 
 
 @dataclass(slots=True)
+class PaddedDecode:
+    """A decode step of fixed shape (what a CUDA graph replays): every row one query token over
+    a block table of fixed width, the keys past each row's length masked out."""
+
+    block_table: torch.Tensor  # [rows, width] int64; past a row's blocks: the scratch block
+    key_mask: torch.Tensor  # [rows, 1, 1, width * block_size] bool: key j < the row's length
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     key_caches: list[torch.Tensor]  # per layer [num_blocks, block_size, kv_heads, head_dim]
     value_caches: list[torch.Tensor]
@@ -61,6 +70,7 @@ class AttentionMetadata:
     prefill_q_start: torch.Tensor | None = None  # [chunks] int64, from the first chunk's token
     prefill_q_len: torch.Tensor | None = None
     prefill_cached: torch.Tensor | None = None
+    padded_decode: PaddedDecode | None = None
 
 
 def paged_attention(
@@ -83,6 +93,8 @@ def paged_attention(
     else:
         k_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, key)
         v_cache.view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value)
+    if meta.padded_decode is not None:
+        return _padded_decode(query, k_cache, v_cache, meta.padded_decode, scale)
     outs = []
     nd = meta.num_native_decodes
     if nd:
@@ -124,6 +136,20 @@ def paged_attention(
         outs.append(o.transpose(1, 2).flatten(0, 1))  # [r * q, heads, head_dim]
     out = outs[0] if len(outs) == 1 else torch.cat(outs)
     return out.reshape(out.shape[0], -1)
+
+
+def _padded_decode(
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pd: PaddedDecode, scale
+) -> torch.Tensor:
+    rows, heads, head_dim = query.shape
+    kv_heads = k_cache.shape[2]
+    shape = (rows, -1, kv_heads, head_dim)
+    k = k_cache[pd.block_table].view(shape).transpose(1, 2)  # [rows, kv_heads, L, head_dim]
+    v = v_cache[pd.block_table].view(shape).transpose(1, 2)
+    o = F.scaled_dot_product_attention(
+        query.unsqueeze(2), k, v, attn_mask=pd.key_mask, scale=scale, enable_gqa=True
+    )
+    return o.reshape(rows, heads * head_dim)
 
 
 def build_metadata(

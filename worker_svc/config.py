@@ -52,6 +52,11 @@ class ModelRunnerConfig:
         "to start",
         choices=("none", "int8"),
     )
+    cuda_graphs: bool = _opt(
+        True,
+        "CUDA: pure-decode steps replay a graph captured per batch and context bucket "
+        "(worker_svc/cuda_graphs.py); off: every step launches its kernels one by one",
+    )
     keep_freed_memory: bool = _opt(
         True,
         "CPU: glibc malloc keeps freed activations for reuse instead of returning them to "

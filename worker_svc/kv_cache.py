@@ -33,14 +33,18 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device,
         num_host_blocks: int = 0,
+        scratch_blocks: int = 0,
     ) -> None:
+        """`scratch_blocks` more device blocks past num_blocks, never handed to a request: where
+        the padded rows of a captured decode step write (worker_svc.cuda_graphs)."""
         if num_blocks <= 0:
             raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.num_host_blocks = num_host_blocks
         self.device = device
-        shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
+        self.scratch_block = num_blocks if scratch_blocks else None
+        shape = (num_layers, 2, num_blocks + scratch_blocks, block_size, num_kv_heads, head_dim)
         self.device_cache = torch.zeros(shape, dtype=dtype, device=device)
         host_shape = (num_layers, 2, num_host_blocks, block_size, num_kv_heads, head_dim)
         pin = device.type == "cuda" and num_host_blocks > 0

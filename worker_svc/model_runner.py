@@ -26,6 +26,7 @@ from common.tokenizer import load_tokenizer
 from worker_svc import attention, cpu_caps, decode_stack, token_mask
 from worker_svc.config import GiB, ModelRunnerConfig
 from worker_svc.cost_probe import time_throwaway_prefill
+from worker_svc.cuda_graphs import DecodeGraphs
 from worker_svc.host_memory import keep_freed_memory
 from worker_svc.input_batch import InputBatch
 from worker_svc.kv_cache import KVCache, bytes_per_block
@@ -58,7 +59,8 @@ class _StepInputs:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     logits_index: torch.Tensor  # [S] packed index of each sampling request's last token
-    meta: attention.AttentionMetadata
+    meta: attention.AttentionMetadata | None  # None: the step replays a decode graph
+    graph_step: tuple[np.ndarray, ...] | None = None  # DecodeGraphs.run's arguments
 
 
 class ModelRunner:
@@ -97,6 +99,7 @@ class ModelRunner:
             dtype=self.dtype,
             device=self.device,
             num_host_blocks=num_host,
+            scratch_blocks=1,  # where a decode graph's padded rows write
         )
         self.batch = InputBatch(
             max_num_seqs=config.max_num_seqs,
@@ -110,6 +113,15 @@ class ModelRunner:
         self.ops.bind_cache(self.kv_cache.key_caches[0], spec.num_heads, kv_heads, head_dim)
         if self.native:  # pure-decode steps in one native call, where every layer's kernel has one
             self.model.decode_step = decode_stack.build(self.model)
+        self.decode_graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and config.cuda_graphs:
+            self.decode_graphs = DecodeGraphs(
+                self.model,
+                self.kv_cache,
+                max_rows=config.max_num_seqs,
+                max_blocks_per_seq=self.batch.block_table.shape[1],
+                capture=True,
+            )
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(
             generator,
@@ -166,7 +178,8 @@ class ModelRunner:
         """One line: the CPU level and the kernel of each op family (registration, logs);
         "reference <device>" where torch's own ops run everything."""
         if not self.native:
-            return f"reference {self.device.type}"
+            graphs = " cuda-graphs" if self.decode_graphs is not None else ""
+            return f"reference {self.device.type}{graphs}"
         return (
             f"{cpu_caps.capabilities().level} linear={self.linear_kind} "
             f"decode-attention={'native' if self.decode_kernel else 'torch'} "
@@ -189,7 +202,9 @@ class ModelRunner:
     @property
     def forward_path(self) -> str:
         """What runs a step's layers: "model" (the layer loop), "model+decode-stack" (pure-decode
-        steps in one native call)."""
+        steps in one native call), "model+cuda-graphs" (pure-decode steps replay a graph)."""
+        if self.decode_graphs is not None:
+            return "model+cuda-graphs"
         step = self.model.decode_step
         on = step is not None and getattr(step, "enabled", True)
         return "model+decode-stack" if on else "model"
@@ -232,9 +247,12 @@ class ModelRunner:
         started = time.perf_counter()
         inputs = self._prepare_inputs(so)
         with torch.inference_mode():
-            logits = self.model(
-                inputs.input_ids, inputs.positions, inputs.logits_index, inputs.meta
-            )
+            if inputs.graph_step is not None:
+                logits = self.decode_graphs.run(*inputs.graph_step)
+            else:
+                logits = self.model(
+                    inputs.input_ids, inputs.positions, inputs.logits_index, inputs.meta
+                )
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             forwarded = time.perf_counter()
@@ -342,6 +360,25 @@ class ModelRunner:
         sample_mask = c + n == known
         max_blocks = -(-int((c + n).max()) // bs)
         dev = self.device
+        graphs = self.decode_graphs
+        if (
+            graphs is not None
+            and len(decodes) == len(rows)
+            and sample_mask.all()
+            and graphs.bucket(len(rows), max_blocks) is not None
+        ):
+            table = batch.block_table[rows, :max_blocks]
+            return _StepInputs(
+                req_ids=req_ids,
+                rows=rows,
+                num_scheduled=n,
+                sample_mask=sample_mask,
+                input_ids=torch.from_numpy(input_ids),
+                positions=torch.from_numpy(positions),
+                logits_index=torch.from_numpy(ends - 1),
+                meta=None,
+                graph_step=(input_ids, positions, slots, table, c + 1),
+            )
         slot_mapping = torch.from_numpy(slots).to(dev, non_blocking=True)
         meta = attention.build_metadata(
             key_caches=self.kv_cache.key_caches,
