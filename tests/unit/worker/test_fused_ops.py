@@ -1,34 +1,30 @@
-"""The native RMSNorm and SiLU-gated MLP product compute what Hugging Face's modules compute,
-and are swapped in only where that is known to hold."""
+"""The native backend's elementwise ops (worker_svc/ops/native.py over csrc/fused_ops.c) compute
+what the reference backend's compute: RMSNorm, residual add + RMSNorm, rotary, the SiLU-gated
+product, argmax; each falls back to the reference op for inputs its kernel does not take."""
 
 from __future__ import annotations
-
-import copy
 
 import pytest
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 from torch import nn  # noqa: E402
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm  # noqa: E402
 
 from tests.cpu_levels import needs_level  # noqa: E402
 from worker_svc import fused_ops  # noqa: E402
+from worker_svc.ops import NativeOps, ReferenceOps  # noqa: E402
+from worker_svc.ops.native import NativeGatedProduct  # noqa: E402
 
 OPS = fused_ops.load()
 needs_ops = needs_level("avx512", "the fused ops")
+needs_amx = needs_level("amx", "the AMX gate/up kernel")
+CPU = torch.device("cpu")
 
 
-@needs_ops
-@pytest.mark.parametrize("dim", [576, 64, 7, 100])
-@pytest.mark.parametrize("rows", [1, 3, 64, 2048])  # 2048 x 576 runs on both threads
-def test_rms_norm_matches_llama(dim, rows):
-    torch.manual_seed(dim + rows)
-    norm = LlamaRMSNorm(dim, eps=1e-5)
-    norm.weight.data.normal_()
-    x = torch.randn(1, rows, dim) * 3
-    torch.testing.assert_close(fused_ops.NativeRMSNorm(norm, OPS)(x), norm(x), atol=2e-6, rtol=1e-5)
+def backends(dtype: torch.dtype) -> tuple[NativeOps, ReferenceOps]:
+    native = NativeOps(dtype)
+    assert native.fused is not None  # where the level is there, the kernels must be too
+    return native, ReferenceOps(CPU, dtype)
 
 
 def assert_bf16_matches(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -42,68 +38,118 @@ def assert_bf16_matches(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 @needs_ops
-@pytest.mark.parametrize("dim", [576, 7, 100])
-@pytest.mark.parametrize("rows", [1, 64, 2048])
-def test_rms_norm_rounds_like_torch_in_bf16(dim, rows):
-    torch.manual_seed(dim * rows)
-    norm = LlamaRMSNorm(dim, eps=1e-5)
-    norm.weight.data.normal_()
-    norm = norm.to(torch.bfloat16)
-    x = (torch.randn(1, rows, dim) * 3).to(torch.bfloat16)
-    assert_bf16_matches(fused_ops.NativeRMSNorm(norm, OPS)(x), norm(x))
+@pytest.mark.parametrize("dim", [576, 64, 7, 100])
+@pytest.mark.parametrize("rows", [1, 3, 64, 2048])  # 2048 x 576 runs on both threads
+def test_rms_norm_matches_the_reference(dim, rows):
+    torch.manual_seed(dim + rows)
+    native, ref = backends(torch.float32)
+    weight = torch.randn(dim)
+    x = torch.randn(rows, dim) * 3
+    got, want = native.rms_norm(x, weight, 1e-5), ref.rms_norm(x, weight, 1e-5)
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
 
 
 @needs_ops
-@pytest.mark.parametrize("rows", [1, 5, 300])
-def test_gated_mlp_rounds_like_torch_in_bf16(rows):
-    torch.manual_seed(rows)
-    mlp = LlamaMLP(transformers.LlamaConfig(hidden_size=64, intermediate_size=200))
-    mlp = mlp.to(torch.bfloat16)
-    x = torch.randn(1, rows, 64).to(torch.bfloat16)
-    assert_bf16_matches(fused_ops.NativeGatedMLP(mlp, OPS)(x), mlp(x))
+@pytest.mark.parametrize("dim", [576, 7, 100])
+@pytest.mark.parametrize("rows", [1, 64, 2048])
+def test_rms_norm_rounds_like_the_reference_in_bf16(dim, rows):
+    torch.manual_seed(dim * rows)
+    native, ref = backends(torch.bfloat16)
+    weight = torch.randn(dim).to(torch.bfloat16)
+    x = (torch.randn(rows, dim) * 3).to(torch.bfloat16)
+    assert_bf16_matches(native.rms_norm(x, weight, 1e-5), ref.rms_norm(x, weight, 1e-5))
+
+
+@needs_ops
+def test_rms_norm_per_head_and_of_strided_rows():
+    """Qwen3's q/k norm: [T, heads, head_dim] normed over head_dim; a strided input is copied,
+    not misread."""
+    native, ref = backends(torch.float32)
+    weight = torch.randn(64)
+    per_head = torch.randn(5, 3, 64)
+    torch.testing.assert_close(
+        native.rms_norm(per_head, weight, 1e-6), ref.rms_norm(per_head, weight, 1e-6)
+    )
+    x = torch.randn(10, 128)[:, ::2]  # every other feature
+    torch.testing.assert_close(
+        native.rms_norm(x, weight, 1e-5), ref.rms_norm(x, weight, 1e-5), atol=2e-6, rtol=1e-5
+    )
+
+
+@needs_ops
+def test_rms_norm_of_another_dtype_than_its_weight_is_the_reference():
+    native, ref = backends(torch.float32)
+    weight = torch.randn(64).to(torch.bfloat16)
+    x = torch.randn(3, 64)  # float32 input, bfloat16 weight: promoted to float32
+    got = native.rms_norm(x, weight, 1e-5)
+    assert got.dtype == torch.float32 and torch.equal(got, ref.rms_norm(x, weight, 1e-5))
 
 
 @needs_ops
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("rows", "dim"), [(1, 576), (64, 576), (3, 100), (2048, 576)])
 def test_add_rms_norm_is_the_residual_add_then_the_norm(dtype, rows, dim):
-    """x += delta in place, rounded as torch's add, then the same bits as rms_norm of the sum;
-    delta may be a strided view (the runner passes projection outputs as they are)."""
+    """x += delta in place, rounded as torch's add, then the same bits as the native rms_norm of
+    the sum (and the reference's add + norm within its tolerance); delta may be a strided view
+    (the o projection's output as it is)."""
     torch.manual_seed(rows + dim)
+    native, ref = backends(dtype)
     x = torch.randn(rows, dim).to(dtype)
     wide = torch.randn(rows, dim + 32).to(dtype)
     delta = wide[:, :dim]
     weight = torch.randn(dim).to(dtype)
     want_x = x + delta
-    want = OPS.rms_norm(want_x, weight, 1e-5)
-    got = OPS.add_rms_norm_(x, delta, weight, 1e-5)
-    assert torch.equal(x, want_x) and torch.equal(got, want)
+    ref_x = x.clone()
+    got = native.add_rms_norm_(x, delta, weight, 1e-5)
+    assert torch.equal(x, want_x) and torch.equal(got, native.rms_norm(want_x, weight, 1e-5))
+    want = ref.add_rms_norm_(ref_x, delta, weight, 1e-5)
+    assert torch.equal(ref_x, want_x)
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
 
 
-@needs_ops
-def test_rms_norm_of_another_dtype_than_its_weight_follows_hf():
-    norm = LlamaRMSNorm(64).to(torch.bfloat16)
-    x = torch.randn(3, 64)  # float32 input, bfloat16 weight: HF promotes to float32
-    got = fused_ops.NativeRMSNorm(norm, OPS)(x)
-    assert got.dtype == torch.float32 and torch.equal(got, norm(x))
-
-
-@needs_ops
-def test_rms_norm_reads_strided_rows():
-    norm = LlamaRMSNorm(64)
-    x = torch.randn(10, 128)[:, ::2]  # every other feature: copied, not misread
-    torch.testing.assert_close(fused_ops.NativeRMSNorm(norm, OPS)(x), norm(x), atol=2e-6, rtol=1e-5)
+def gated_weights(dtype, hidden=64, intermediate=200):  # 200: a tail
+    gen = torch.Generator().manual_seed(hidden + intermediate)
+    gate = (torch.randn(intermediate, hidden, generator=gen) * 0.1).to(dtype)
+    up = (torch.randn(intermediate, hidden, generator=gen) * 0.1).to(dtype)
+    return gate, up
 
 
 @needs_ops
 @pytest.mark.parametrize("rows", [1, 5, 300])
-def test_gated_mlp_matches_llama(rows):
+def test_gated_product_matches_the_reference(rows):
     torch.manual_seed(rows)
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=200)  # 200: a tail
-    mlp = LlamaMLP(config)
-    x = torch.randn(1, rows, 64)
-    want = mlp(x)
-    torch.testing.assert_close(fused_ops.NativeGatedMLP(mlp, OPS)(x), want, atol=1e-5, rtol=1e-4)
+    native, ref = backends(torch.float32)
+    gate, up = gated_weights(torch.float32)
+    x = torch.randn(rows, 64)
+    got = native.gated_product(gate, up)(x)
+    want = ref.gated_product(gate, up)(x)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+@needs_ops
+@pytest.mark.parametrize("rows", [1, 5, 300])
+def test_gated_product_is_close_to_the_reference_in_bf16(rows):
+    """bfloat16: the GEMMs' sums run in another order (oneDNN, AMX or the packed GEMM against
+    torch's), so gate and up may differ by a bfloat16 step before the product."""
+    torch.manual_seed(rows)
+    native, ref = backends(torch.bfloat16)
+    gate, up = gated_weights(torch.bfloat16)
+    x = torch.randn(rows, 64).to(torch.bfloat16)
+    got = native.gated_product(gate, up)(x)
+    want = ref.gated_product(gate, up)(x)
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+@needs_ops
+def test_silu_product_rounds_like_torch_in_bf16():
+    """The SiLU product kernel itself (the gated product's second half) against torch's."""
+    gen = torch.Generator().manual_seed(3)
+    gate = (torch.randn(300, 200, generator=gen) * 3).to(torch.bfloat16)
+    up = torch.randn(300, 200, generator=gen).to(torch.bfloat16)
+    want = nn.functional.silu(gate) * up
+    assert_bf16_matches(OPS.silu_mul_(gate.clone(), up), want)
 
 
 @needs_ops
@@ -115,64 +161,17 @@ def test_silu_mul_over_the_float_range():
     torch.testing.assert_close(got, want, atol=1e-30, rtol=1e-6)
 
 
-def _tiny_llama(dtype=torch.float32):
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=160,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).to(dtype).eval()
-
-
-@needs_ops
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fuse_swaps_every_norm_and_mlp_and_keeps_the_logits(dtype):
-    model = _tiny_llama(dtype)
-    reference = copy.deepcopy(model)
-    assert fused_ops.fuse_elementwise(model) == 2 * 2 + 1 + 2  # 2 norms a layer, final, MLPs
-    kinds = {type(m).__name__ for m in model.modules()}
-    assert "LlamaRMSNorm" not in kinds and "LlamaMLP" not in kinds
-    ids = torch.randint(0, 128, (1, 12))
-    with torch.no_grad():
-        got, want = model(ids).logits, reference(ids).logits
-    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4
-    torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
-
-
-def test_fuse_leaves_other_formulas_dtypes_and_no_library_alone(monkeypatch):
-    class GemmaRMSNorm(nn.Module):  # x * (1 + weight): not Llama's formula
-        def __init__(self) -> None:
-            super().__init__()
-            self.weight = nn.Parameter(torch.zeros(8))
-            self.variance_epsilon = 1e-6
-
-    model = nn.Sequential(GemmaRMSNorm(), nn.Linear(8, 8))
-    assert fused_ops.fuse_elementwise(model) == 0
-    assert fused_ops.fuse_elementwise(_tiny_llama(torch.float16)) == 0
-    monkeypatch.setattr(fused_ops, "load", lambda: None)  # no native library
-    assert fused_ops.fuse_elementwise(_tiny_llama()) == 0
-
-
-def _stock_rotary():
-    from transformers.models.llama import modeling_llama
-
-    current = modeling_llama.apply_rotary_pos_emb
-    return current.stock if isinstance(current, fused_ops.NativeRotary) else current
-
-
 def _rotary_inputs(tokens, heads, kv_heads, head_dim, dtype, seed=0):
-    """q and k as the attention forward makes them: views of the projections [1, T, h * d]."""
+    """q and k as the model makes them: views of one q/k/v projection's output [T, (h + 2 kvh)
+    * d], and cos/sin tables [T, d] from the reference backend."""
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, tokens, heads * head_dim, generator=gen).to(dtype)
-    k = torch.randn(1, tokens, kv_heads * head_dim, generator=gen).to(dtype)
-    q = q.view(1, tokens, heads, head_dim).transpose(1, 2)
-    k = k.view(1, tokens, kv_heads, head_dim).transpose(1, 2)
-    angles = torch.arange(tokens)[None, :, None] * torch.rand(1, 1, head_dim, generator=gen) * 3
-    return q, k, angles.cos().to(dtype), angles.sin().to(dtype)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype)
+    q, k, _ = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q = q.view(tokens, heads, head_dim)
+    k = k.view(tokens, kv_heads, head_dim)
+    inv_freq = torch.rand(head_dim // 2, generator=gen) * 3
+    cos, sin = ReferenceOps(CPU, dtype).rotary_tables(torch.arange(tokens), inv_freq, 1.0)
+    return q, k, cos, sin
 
 
 @needs_ops
@@ -181,99 +180,48 @@ def _rotary_inputs(tokens, heads, kv_heads, head_dim, dtype, seed=0):
     ("tokens", "heads", "kv_heads", "head_dim"),
     [(1, 9, 3, 64), (7, 9, 3, 64), (2048, 9, 3, 64), (33, 4, 4, 128)],  # 2048: both threads
 )
-def test_rotary_gives_the_stock_functions_bits(dtype, tokens, heads, kv_heads, head_dim):
-    stock = _stock_rotary()
+def test_rotary_gives_the_references_bits(dtype, tokens, heads, kv_heads, head_dim):
+    native, ref = backends(dtype)
     q, k, cos, sin = _rotary_inputs(tokens, heads, kv_heads, head_dim, dtype, seed=tokens)
-    got = fused_ops.NativeRotary(stock, OPS)(q, k, cos, sin)
-    want = stock(q, k, cos, sin)
-    for g, w in zip(got, want, strict=True):
-        assert g.shape == w.shape and g.dtype == w.dtype
-        assert torch.equal(g, w)  # bit for bit: two rounded products and a rounded sum
-    q_contig = q.contiguous()  # another layout of the same values
-    assert torch.equal(fused_ops.NativeRotary(stock, OPS)(q_contig, k, cos, sin)[0], want[0])
+    for x in (q, k, q.contiguous()):  # projection views, and another layout of the same values
+        got, want = native.rotary(x, cos, sin), ref.rotary(x, cos, sin)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert torch.equal(got, want)  # bit for bit: two rounded products and a rounded sum
 
 
 @needs_ops
-def test_rotary_hands_what_it_does_not_cover_to_the_stock_function():
+def test_rotary_leaves_what_its_kernel_does_not_take_to_the_reference(monkeypatch):
+    native, ref = backends(torch.float32)
     calls = []
-
-    def stock(*args, **kwargs):
-        calls.append(kwargs)
-        return _stock_rotary()(*args, **kwargs)
-
-    native = fused_ops.NativeRotary(stock, OPS)
-    q, k, cos, sin = _rotary_inputs(5, 4, 2, 64, torch.float32)
-    native(q, k, cos, sin)
+    monkeypatch.setattr(native.fused, "rotary", lambda *a: calls.append(a) or None)
+    for head_dim, dtype in ((48, torch.float32), (64, torch.float16)):  # 48: no 32-lane half
+        native.dtype = ref.dtype = dtype
+        q, _, cos, sin = _rotary_inputs(5, 4, 2, head_dim, dtype)
+        assert torch.equal(native.rotary(q, cos, sin), ref.rotary(q, cos, sin))
     assert calls == []
-    native(q, k, cos, sin, unsqueeze_dim=1)  # another call form
-    native(*_rotary_inputs(5, 4, 2, 48, torch.float32))  # head_dim 48: half not 16-lane wide
-    native(*_rotary_inputs(5, 4, 2, 64, torch.float16))
-    native(q.detach().requires_grad_(), k, cos, sin)  # autograd needs torch's ops
-    native.enabled = False
-    native(q, k, cos, sin)
-    assert len(calls) == 5
 
 
-@needs_ops
-def test_rotary_is_installed_only_where_the_module_computes_the_same(monkeypatch):
-    import sys
-    import types
-
-    model = _tiny_llama()
-    reference = copy.deepcopy(model)
-    from transformers.models.llama import modeling_llama
-
-    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", _stock_rotary())
-    assert fused_ops.install_rotary(model, OPS) == 1
-    assert isinstance(modeling_llama.apply_rotary_pos_emb, fused_ops.NativeRotary)
-    ids = torch.randint(0, 128, (1, 12))
-    with torch.no_grad():
-        assert torch.equal(model(ids).logits, reference(ids).logits)
-
-    def partial_rotary(q, k, cos, sin, unsqueeze_dim=1):  # rotates only half of each head
-        half = q.shape[-1] // 2
-        rotated = _stock_rotary()(q[..., :half], k[..., :half], cos[..., :half], sin[..., :half])
-        return (
-            torch.cat([rotated[0], q[..., half:]], -1),
-            torch.cat([rotated[1], k[..., half:]], -1),
-        )
-
-    other = types.ModuleType("fake_modeling")
-    other.apply_rotary_pos_emb = partial_rotary
-    other.LlamaAttention = type("LlamaAttention", (nn.Module,), {"__module__": "fake_modeling"})
-    monkeypatch.setitem(sys.modules, "fake_modeling", other)
-    assert fused_ops.install_rotary(nn.Sequential(other.LlamaAttention()), OPS) == 0
-    assert other.apply_rotary_pos_emb is partial_rotary
-
-
-@needs_ops
+@needs_amx
 @pytest.mark.parametrize("rows", [1, 7, 64, 600])  # 600: past the linears' decode sizes
-def test_gated_mlp_on_amx_computes_both_projections_and_the_product_in_one_pass(rows):
-    from worker_svc import amx_gemm
-    from worker_svc.fast_linear import optimize_linears
+def test_gated_product_on_amx_computes_both_projections_and_the_product_in_one_pass(rows):
 
-    if amx_gemm.load() is None:
-        pytest.skip("no AMX-BF16 on this machine")
     torch.manual_seed(rows)
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=192)
-    mlp = LlamaMLP(config).to(torch.bfloat16)
-    reference = copy.deepcopy(mlp)
-    holder = nn.Sequential(mlp)
-    optimize_linears(holder)
-    fused = fused_ops.NativeGatedMLP(holder[0], OPS)
-    assert fused.gate_up_packed is not None
-    assert fused.gate_proj.packed_weight is None and fused.up_proj.packed_weight is None
-    x = torch.randn(1, rows, 64).to(torch.bfloat16)
-    got, want = fused(x), reference(x)
+    native, ref = backends(torch.bfloat16)
+    gate, up = gated_weights(torch.bfloat16, hidden=64, intermediate=192)
+    fused = native.gated_product(gate, up)
+    assert isinstance(fused, NativeGatedProduct) and fused.gate_up_packed is not None
+    assert fused.gate.packed_weight is None and fused.up.packed_weight is None
+    x = torch.randn(rows, 64).to(torch.bfloat16)
+    got, want = fused(x), ref.gated_product(gate, up)(x)
     assert got.dtype == torch.bfloat16 and got.shape == want.shape
-    # float32 sums in another order than oneDNN's: rare one-step differences in gate or up
-    # carry through the product and the down projection
+    # float32 sums in another order than torch's: rare one-step differences in gate or up
+    # carry through the product
     close = (got.float() - want.float()).abs() <= want.float().abs() * 2.0**-6 + 2e-3
     assert close.float().mean().item() >= 0.999
     torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)
 
 
-@needs_ops
+@needs_amx
 @pytest.mark.parametrize("rows", [1, 37, 64, 130, 2048])
 def test_amx_gate_up_product_is_the_plain_gemm_then_the_silu_product(rows):
     """The fused kernel writes a block's rows while the tile unit multiplies the next block:
@@ -282,8 +230,7 @@ def test_amx_gate_up_product_is_the_plain_gemm_then_the_silu_product(rows):
     from worker_svc import amx_gemm
 
     amx = amx_gemm.load()
-    if amx is None:
-        pytest.skip("no AMX-BF16 on this machine")
+    assert amx is not None
     gen = torch.Generator().manual_seed(rows)
     hidden, inter = 576, 1536
     gate, up = (
@@ -308,6 +255,8 @@ def test_argmax_is_torchs_first_maximum(dtype, rows, cols):
         logits[-1, cols - 1] = -3.0  # the only finite value, in the tail
     got = OPS.argmax(logits)
     assert got is not None and torch.equal(got, torch.max(logits, dim=-1).indices)
+    assert torch.equal(NativeOps(dtype).argmax(logits), got)
+    assert ReferenceOps(CPU, dtype).argmax(logits) is None  # the sampler's torch.max
     assert got[0] == cols // 2 and (rows == 1 or got[-1] == cols - 1)
 
 
