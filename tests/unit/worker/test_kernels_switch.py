@@ -1,5 +1,6 @@
-"""`--kernels reference|native` (ModelRunnerConfig.kernels): reference runs torch's own ops only,
-without the native library, and gives Hugging Face's greedy tokens; native is the default."""
+"""`--kernels reference|native` (ModelRunnerConfig.kernels): reference runs torch's own ops only
+(the ReferenceOps table, F.linear over the loaded weights), without the native library, and
+gives Hugging Face's greedy tokens; native is the default and runs other kernels."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from tests.unit.worker.test_worker_model_runner import new, step  # noqa: E402
 from worker_svc import native_attention, quantization  # noqa: E402
 from worker_svc.config import ModelRunnerConfig  # noqa: E402
 from worker_svc.model_runner import ModelRunner  # noqa: E402
+from worker_svc.ops import NativeOps, ReferenceOps  # noqa: E402
+from worker_svc.ops.reference import ReferenceLinear  # noqa: E402
 
 PROMPTS = {"a": [7, 99, 23, 300, 41, 5, 77], "b": [3, 4], "c": list(range(40, 61))}
 NEW_TOKENS = 8
@@ -73,12 +76,14 @@ def test_reference_runs_without_the_native_library_and_gives_hf_greedy_tokens(
     )
     runner = ModelRunner(config)
     assert runner.kernels == "reference cpu"
-    assert runner.linear_kind == "stock" and runner.fused_modules == 0
-    assert runner.decoder_loop is None and runner.decode_kernel is None
-    assert not runner.native_prefill and runner.sampler.fast_argmax is None
-    assert all(
-        type(m) is torch.nn.Linear for m in runner.model.modules() if "Linear" in type(m).__name__
-    )
+    assert type(runner.ops) is ReferenceOps and runner.linear_kind == "torch"
+    assert runner.model.decode_step is None and runner.forward_path == "model"
+    assert runner.decode_kernel is None and not runner.native_prefill
+    assert runner.sampler.fast_argmax is None
+    for layer in runner.model.layers:  # torch's F.linear over the weights as loaded
+        linears = [layer.qkv.linear, layer.gated.gate_up, layer.o_proj, layer.down_proj]
+        assert all(type(x) is ReferenceLinear for x in linears)
+    assert type(runner.model.lm_head) is ReferenceLinear
     got = greedy(runner)
     hf = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
     for rid, prompt in PROMPTS.items():
@@ -87,12 +92,6 @@ def test_reference_runs_without_the_native_library_and_gives_hf_greedy_tokens(
                 0, len(prompt) :
             ].tolist()
         assert got[rid] == want, rid
-    with pytest.raises(ValueError, match="--kernels native"):
-        ModelRunner(
-            ModelRunnerConfig(
-                model=str(tiny_llama_dir), kernels="reference", attention_backend="native"
-            )
-        )
 
 
 def test_native_and_reference_give_the_same_greedy_tokens(tiny_llama_dir):
@@ -104,5 +103,9 @@ def test_native_and_reference_give_the_same_greedy_tokens(tiny_llama_dir):
         )
         for kernels in ("native", "reference")
     }
-    assert runners["native"].kernels.split()[0] != "reference"
+    native = runners["native"]
+    assert native.kernels.split()[0] != "reference" and isinstance(native.ops, NativeOps)
+    if native.ops.linear_kind != "torch":
+        linear = native.model.layers[0].o_proj
+        assert not isinstance(linear, ReferenceLinear), native.kernels
     assert greedy(runners["native"]) == greedy(runners["reference"])
