@@ -30,6 +30,7 @@ SOURCES = tuple(
         "paged_prefill_avx512.c",
         "packed_gemm.c",
         "fused_ops.c",
+        "fused_ops_avx2.c",
         "amx_gemm.c",
         "decode_stack.c",
         "token_mask.c",

@@ -63,7 +63,7 @@ int64_t decode_stack_scratch_bytes(int64_t elem, int64_t tokens, int64_t hidden,
                  &b);
 }
 
-#if defined(__x86_64__) && defined(__AVX512F__)
+#if defined(__x86_64__) && (defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)))
 
 int rms_norm_f32(const float *x, int64_t rows, int64_t dim, int64_t x_stride,
                  const float *weight, float eps, float *out, int64_t out_stride,
@@ -165,6 +165,7 @@ static int layer_f32(const int64_t *layer, const float *eps, int first, float *x
     return rc ? -1 : 0;
 }
 
+#if defined(__AVX512F__)
 /* bfloat16 on AMX: q/k/v as one GEMM, gate/up and their product as one */
 static int layer_bf16(const int64_t *layer, const float *eps, int first, uint16_t *x,
                       const Step *s, const Buffers *b) {
@@ -195,6 +196,12 @@ static int layer_bf16(const int64_t *layer, const float *eps, int first, uint16_
     rc |= amx_gemm_bf16(act, T, I, I, PTR(P_DOWN), H, PTR(P_DOWN_BIAS), delta, H, nth);
     return rc ? -1 : 0;
 }
+#else
+static int layer_bf16(const int64_t *layer, const float *eps, int first, uint16_t *x,
+                      const Step *s, const Buffers *b) {
+    return -1; /* decode_stack_available() does not offer bfloat16 here */
+}
+#endif
 
 /* bf16: 0 float32, 1 bfloat16 (x, cos, sin, the weights, caches and out of that type) */
 int decode_stack(int bf16, const int64_t *layers, const float *eps, int64_t num_layers, void *x,
@@ -227,8 +234,12 @@ int decode_stack(int bf16, const int64_t *layers, const float *eps, int64_t num_
 
 /* which dtypes the stack runs here: bit 0 float32, bit 1 bfloat16 (AMX) */
 int decode_stack_available(void) {
+#if defined(__AVX512F__)
     int amx_gemm_available(void);
     return 1 | (amx_gemm_available() ? 2 : 0);
+#else
+    return 1;
+#endif
 }
 #else
 int decode_stack_available(void) { return 0; }

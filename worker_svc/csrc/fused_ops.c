@@ -11,8 +11,8 @@
  * rounded before the product.
  * rotary_f32 / rotary_bf16: the rotate-half rotary embedding of q or k (below).
  * argmax_f32 / argmax_bf16: row-wise first index of the maximum (greedy sampling).
- * They exist only where built with AVX-512; fused_ops_available() says which (0: the caller
- * keeps torch's ops).
+ * Built here with AVX-512; fused_ops_avx2.c has them for AVX2 + FMA. fused_ops_available()
+ * says whether the library has them (0: the caller keeps torch's ops).
  */
 #include <math.h>
 #include <stdint.h>
@@ -221,6 +221,6 @@ static inline __attribute__((always_inline)) int argmax_rows(const int bf16, con
 
 DEFINE_ENTRIES(f32, float, 0)
 DEFINE_ENTRIES(bf16, uint16_t, 1)
-#else
+#elif !(defined(__AVX2__) && defined(__FMA__))
 int fused_ops_available(void) { return 0; }
 #endif
