@@ -37,7 +37,20 @@ def kernel_choices() -> dict[str, str]:
         if prefill
         else "torch SDPA per chunk",
         "norms, rotary, SiLU product, argmax": "native fused" if ops else "torch",
+        "pure-decode steps": _decode_step(),
+        "cuda": "reference backend (torch), CUDA graphs for pure-decode steps"
+        if torch.cuda.is_available()
+        else "no CUDA device",
     }
+
+
+def _decode_step() -> str:
+    lib = native_attention.library_with("decode_stack_available")
+    dtypes = lib.decode_stack_available() if lib is not None else 0
+    if not dtypes:
+        return "the model's layer loop"
+    names = ["float32"] + (["bfloat16"] if dtypes & 2 else [])
+    return f"native decode stack ({', '.join(names)}); the layer loop otherwise"
 
 
 def _bfloat16_linear() -> str:

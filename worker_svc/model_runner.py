@@ -142,6 +142,8 @@ class ModelRunner:
             num_host,
             self.kernels,
         )
+        ops = "; ".join(f"{op}: {kernel}" for op, kernel in self.ops.describe().items())
+        log.info("%s backend, %s: %s", self.ops.name, self.model.spec.architecture, ops)
 
     # --- what the scheduler needs to know ---
 
