@@ -30,10 +30,7 @@ run: install
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider tests
 	# the worker's tests again as an AVX2-only CPU runs them (worker_svc/cpu_caps.py caps the level; torch's kernels capped too)
-	# in an inductor cache of their own: torch keys its cached graphs without the ATen CPU level, and
-	# --compile's graphs cached by the first run (avx512) give zeros when reused at avx2
 	SPLITSERVE_CPU_LEVEL=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
-		TORCHINDUCTOR_CACHE_DIR=$${TMPDIR:-/tmp}/torchinductor-avx2-$$(id -u) \
 		$(PY) -m pytest -q -p no:cacheprovider tests/unit/worker tests/integration
 
 test-fast: install
