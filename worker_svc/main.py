@@ -32,12 +32,13 @@ def main(link_cfg: WorkerLinkConfig, runner_cfg, sim_cfg: SimConfig | None = Non
             sim_cfg, runner_cfg.model, runner_cfg.block_size, runner_cfg.max_model_len or 8192
         )
     else:
+        from worker_svc.model import UnsupportedModel
         from worker_svc.model_runner import ModelRunner
         from worker_svc.quantization import Unsupported
 
         try:
             runner = ModelRunner(runner_cfg)
-        except Unsupported as exc:  # a setup this worker cannot run: say so, no traceback
+        except (Unsupported, UnsupportedModel) as exc:  # cannot run here: say so, no traceback
             log.error("worker_refused", reason=str(exc))
             return 2
         runner.warm_up(runner_cfg.warmup_tokens)
