@@ -8,8 +8,10 @@ It runs bench/worker_forward.py on the device three times, each in its own proce
    tokens must be equal (up to the runner's first EOS);
 2. bfloat16 (the CUDA default): the runner's greedy tokens' log-probabilities against an HF
    bfloat16 forward over the same text; the mean |difference| must stay under --max-logprob-diff;
-3. bfloat16 throughput: the whole W64 workload, pure-decode batches and prefill chunks, HF
-   `generate` (one by one, static batches of 16) beside it as ratios.
+3. bfloat16 throughput: the whole W64 workload (the runner with its CUDA graphs for pure-decode
+   steps), pure-decode batches and prefill chunks, beside HF `generate` in static batches of 16
+   and transformers' continuous batching (`generate_batch`) on the same GPU;
+4. the same W64 workload with --no-cuda-graphs, which shows what the graphs are worth.
 Exit status 0 only when both checks pass. Results: --json (default gpu_check.json).
 """
 
@@ -78,12 +80,18 @@ def main() -> int:
                 "--dtype",
                 "bfloat16",
                 "--only",
-                "w64,decode,prefill,hf_static",
+                "w64,decode,prefill,hf_static,generate_batch",
                 "--decode-batches",
                 "1,8,64,128,256",
                 "--decode-contexts",
                 "128,1024",
             ],
+            args,
+            console,
+        )
+        results["bfloat16_eager"] = run(
+            "bfloat16 throughput, no CUDA graphs",
+            ["--dtype", "bfloat16", "--only", "w64", "--no-cuda-graphs"],
             args,
             console,
         )
@@ -115,8 +123,11 @@ def main() -> int:
         table.add_row(
             "bfloat16 W64",
             f"{t['w64']['tok_s']:.1f} tok/s",
-            f"HF static x16 {t['hf_static']['tok_s']:.1f} tok/s",
+            f"HF static x16 {t['hf_static']['tok_s']:.1f} tok/s, transformers continuous "
+            f"batching {t['generate_batch']['tok_s']:.1f} tok/s",
         )
+        eager = results["bfloat16_eager"]["w64"]["tok_s"]
+        table.add_row("bfloat16 W64, no CUDA graphs", f"{eager:.1f} tok/s", "")
         for d in t.get("decode", []):
             table.add_row(
                 f"decode batch {d['batch']} @ ctx {d['context']}",
