@@ -16,7 +16,7 @@ from worker_svc.ops import NativeOps, ReferenceOps  # noqa: E402
 from worker_svc.ops.native import NativeGatedProduct  # noqa: E402
 
 OPS = fused_ops.load()
-needs_ops = needs_level("avx512", "the fused ops")
+needs_ops = needs_level("avx2", "the fused ops")
 needs_amx = needs_level("amx", "the AMX gate/up kernel")
 CPU = torch.device("cpu")
 

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.cpu_levels import CAPS, NATIVE_LIBRARY  # noqa: E402
+from tests.cpu_levels import CAPS, needs_level  # noqa: E402
 from worker_svc.config import ModelRunnerConfig  # noqa: E402
 from worker_svc.kernel_report import kernel_choices  # noqa: E402
 from worker_svc.model_runner import ModelRunner  # noqa: E402
@@ -34,15 +34,17 @@ def print_capabilities(level: str) -> dict[str, str]:
     return table
 
 
-@pytest.mark.skipif(not NATIVE_LIBRARY or not CAPS.has("avx2"), reason="needs the native library")
+@needs_level("avx2", "the AVX2 kernels' report")
 def test_print_capabilities_at_avx2_names_the_avx2_kernels():
-    """What an AVX2-only CPU runs: no oneDNN or AMX for bfloat16, SDPA for prefill chunks."""
+    """What an AVX2-only CPU runs: no oneDNN or AMX for bfloat16, SDPA for prefill chunks; the
+    AVX2 build's fused elementwise ops and, with them, the float32 decode stack."""
     table = print_capabilities("avx2")
     assert table["cpu level"].endswith("avx2") or "avx2 (capped" in table["cpu level"]
     assert table["linear float32"] == "native packed GEMM"
     assert table["linear bfloat16"] == "native packed GEMM, bfloat16 widened to float32"
     assert table["prefill attention"] == "torch SDPA per chunk"
-    assert table["norms, rotary, SiLU product, argmax"] == "torch"
+    assert table["norms, rotary, SiLU product, argmax"] == "native fused"
+    assert table["pure-decode steps"].startswith("native decode stack (float32)")
     assert "avx2" in table["native library"]
 
 

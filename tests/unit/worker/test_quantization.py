@@ -278,7 +278,7 @@ def llama_hd32_dir(tmp_path_factory):
     return path
 
 
-@needs_level("avx512", "the float32 decode stack")
+@needs_level("avx2", "the float32 decode stack")
 def test_int8_decode_steps_run_the_native_stack_with_the_loops_bits(llama_hd32_dir):
     from tests.unit.worker.test_decode_stack import counted, stack_vs_loop
 
