@@ -106,7 +106,7 @@ def test_smollm2_second_load_does_not_dequantize(monkeypatch):
         raise AssertionError("dequantized again although the converted weights are cached")
 
     monkeypatch.setattr(model_loader, "convert_gguf", refuse)
-    model = model_loader.load_model(source, torch.float32, torch.device("cpu"), "sdpa")
+    model = model_loader.load_model(source, torch.float32, torch.device("cpu"))
     assert model.config.num_hidden_layers == 30
 
 
