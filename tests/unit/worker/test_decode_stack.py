@@ -139,11 +139,11 @@ def test_reads_the_live_weights(llama_hd64_dir, dtype):
 def test_switched_off_and_where_it_does_not_apply(llama_hd64_dir, tiny_llama_dir):
     tiny = runner_for(tiny_llama_dir, "float32")  # head_dim 16: no native rotary
     assert tiny.model.decode_step is None and tiny.forward_path == "model"
-    reference = runner_for(llama_hd64_dir, "float32")
-    reference.model.layers[0].q_norm = reference.model.layers[0].input_norm  # a Qwen3 layer
+    qwen3_like = runner_for(llama_hd64_dir, "float32")
+    qwen3_like.model.layers[0].q_norm = qwen3_like.model.layers[0].input_norm  # q/k norms
     from worker_svc import decode_stack
 
-    assert decode_stack.build(reference.model) is None
+    assert decode_stack.build(qwen3_like.model) is None
     runner = runner_for(llama_hd64_dir, "float32")
     assert runner.forward_path == "model+decode-stack"
     off = counted(runner.model.decode_step)
