@@ -5,8 +5,9 @@ layers (weights cold in cache, as in a real step) at decode and prefill row coun
     SPLITSERVE_CPU_LEVEL=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 \\
         ONEDNN_MAX_CPU_ISA=AVX2 python bench/linear_levels.py     # as an AVX2-only CPU would
 
-Kinds: torch's nn.Linear ("stock"), fast_linear's replacements that this level can build
-(int8-packed: `--quantization int8`'s, weights int8 under activations of the dtype).
+Kinds: torch's F.linear ("torch", the reference backend's), and the native backend's linear
+kinds (worker_svc/ops/native_linear.py) that this level can build (int8-packed:
+`--quantization int8`'s, weights int8 under activations of the dtype).
 """
 
 from __future__ import annotations
@@ -16,16 +17,9 @@ import json
 import time
 
 import torch
-from torch import nn
 
-from worker_svc import cpu_caps, packed_gemm
-from worker_svc.fast_linear import (
-    Int8PackedLinear,
-    NativePackedLinear,
-    PackedLinear,
-    TransposedLinear,
-    packing_available,
-)
+from worker_svc import amx_gemm, cpu_caps, packed_gemm
+from worker_svc.ops import native_linear
 
 HIDDEN, INTERMEDIATE, KV = 576, 1536, 192
 LAYER_SHAPES = [
@@ -40,28 +34,29 @@ LAYER_SHAPES = [
 LAYERS = 30
 
 
-def kinds(dtype: torch.dtype) -> dict:
-    gemm = packed_gemm.load()
-    out = {"stock": lambda lin: lin}
+def kinds(dtype: torch.dtype) -> dict[str, str]:
+    """Label -> native_linear kind, for the kinds this level builds for `dtype`."""
+    gemm, level = packed_gemm.load(), cpu_caps.capabilities().level
+    out = {"torch (F.linear)": "torch"}
     if dtype == torch.float32:
-        out["transposed (MKL)"] = TransposedLinear
-    if packing_available(dtype):
-        out["packed (oneDNN)"] = PackedLinear
-    if gemm is not None:
-        out[f"native-packed ({cpu_caps.capabilities().level})"] = lambda lin: NativePackedLinear(
-            lin, gemm
-        )
+        out["transposed (MKL)"] = "transposed"
+    if native_linear.onednn_packing_available(dtype):
+        out["onednn-packed"] = "onednn-packed"
+    if dtype == torch.bfloat16 and amx_gemm.load() is not None:
+        out["amx-packed"] = "amx-packed"
+    if gemm is not None and dtype in packed_gemm.DTYPES:
+        out[f"native-packed ({level})"] = "native-packed"
     if gemm is not None and gemm.has_int8:
-        out[f"int8-packed ({cpu_caps.capabilities().level})"] = lambda lin: Int8PackedLinear(
-            lin, gemm
-        )
+        out[f"int8-packed ({level})"] = "int8-packed"
     return out
 
 
-def rate(make, dtype: torch.dtype, rows: int, seconds: float) -> float:
+def rate(kind: str, dtype: torch.dtype, rows: int, seconds: float) -> float:
     torch.manual_seed(0)
     layers = [
-        make(nn.Linear(i, o, bias=False).to(dtype)) for _ in range(LAYERS) for i, o in LAYER_SHAPES
+        native_linear.make_linear(kind, torch.randn(o, i).div_(i**0.5).to(dtype), None)
+        for _ in range(LAYERS)
+        for i, o in LAYER_SHAPES
     ]
     xs = {i: torch.randn(rows, i).to(dtype) for i in (HIDDEN, INTERMEDIATE)}
     flops = sum(2 * rows * i * o for i, o in LAYER_SHAPES) * LAYERS
@@ -70,9 +65,9 @@ def rate(make, dtype: torch.dtype, rows: int, seconds: float) -> float:
         for layer, (i, _) in zip(layers, LAYER_SHAPES * LAYERS, strict=True):
             layer(xs[i])
 
-    step()
-    n, start = 0, time.perf_counter()
     with torch.inference_mode():
+        step()
+        n, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds or n < 2:
             step()
             n += 1
@@ -91,13 +86,13 @@ def main() -> None:
     results = []
     for name in args.dtypes.split(","):
         dtype = getattr(torch, name)
-        for kind, make in kinds(dtype).items():
-            row = {"dtype": name, "kind": kind}
+        for label, kind in kinds(dtype).items():
+            row = {"dtype": name, "kind": label}
             for rows in map(int, args.rows.split(",")):
-                row[rows] = round(rate(make, dtype, rows, args.seconds), 1)
+                row[rows] = round(rate(kind, dtype, rows, args.seconds), 1)
             results.append(row)
             cells = "  ".join(f"{r:>6}: {row[int(r)]:7.1f}" for r in args.rows.split(","))
-            print(f"{name:9} {kind:28} GFLOP/s at rows  {cells}", flush=True)
+            print(f"{name:9} {label:28} GFLOP/s at rows  {cells}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu": caps.describe(), "results": results}, f, indent=1)

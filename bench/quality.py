@@ -4,14 +4,18 @@
 
 (a) Perplexity of bench/data/essays.txt (about 3,000 tokens of plain English written for this
     project, public domain) in windows of --window tokens, each scored from its own start: the
-    model with the runner's linear layers (fast_linear) and SDPA attention.
+    runner's own model (worker_svc.model over its op table: linears, norms, paged attention),
+    each window one prefill step with the logits of every position.
 (b) The share of the W64 prompts whose first --tokens greedy tokens are identical to float32's,
     through the runner driven by the scheduler core in this process (splitserve.inprocess): the
-    served path, with its attention, fused ops and decoder loop. Also the mean length of the
+    served path, with its decode stack where the backend has one. Also the mean length of the
     prefix each prompt shares with float32.
 
+Both parts run on one ModelRunner per variant (--kernels native by default).
+
 Variants: float32; int8 (`--quantization int8`: every linear layer, lm_head included);
-int8+f32-head, int8 with the lm_head left float32 (what quantizing the lm_head costs); bfloat16.
+int8+f32-head, int8 with the lm_head left float32 (what quantizing the lm_head costs; tied
+embeddings only, as SmolLM2's: the float32 weight is the embedding); bfloat16.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -30,11 +35,11 @@ sys.path.insert(0, str(HERE.parent))
 
 from common.model_source import resolve_model  # noqa: E402
 from splitserve.inprocess import generate_in_process  # noqa: E402
-from worker_svc import cpu_caps, packed_gemm  # noqa: E402
+from worker_svc import attention, cpu_caps, packed_gemm  # noqa: E402
 from worker_svc.config import ModelRunnerConfig  # noqa: E402
-from worker_svc.fast_linear import NativePackedLinear, optimize_linears  # noqa: E402
-from worker_svc.model_loader import load_model, model_dir, resolve_dtype  # noqa: E402
+from worker_svc.model_loader import model_dir  # noqa: E402
 from worker_svc.model_runner import ModelRunner  # noqa: E402
+from worker_svc.ops import native_linear  # noqa: E402
 
 TEXT = HERE / "data" / "essays.txt"
 WORKLOAD = HERE / "workloads" / "w64.json"
@@ -54,52 +59,77 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=32, help="greedy tokens compared per prompt")
     p.add_argument("--prompts", type=int, default=64, help="W64 prompts used")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma list of the above")
+    p.add_argument("--kernels", default="native", choices=("reference", "native"))
+    p.add_argument("--max-text-tokens", type=int, default=None, help="score only this many")
     p.add_argument("--json", type=Path, default=None)
     return p.parse_args()
 
 
-def plain_linear(weight: torch.Tensor) -> torch.nn.Linear:
-    out_features, in_features = weight.shape
-    linear = torch.nn.Linear(in_features, out_features, bias=False, device="meta")
-    linear.weight = torch.nn.Parameter(weight.detach().clone(), requires_grad=False)
-    return linear
-
-
-def float32_lm_head(model: torch.nn.Module, original: torch.nn.Linear) -> None:
-    """Put the lm_head back on the float32 packed GEMM (the rest stays int8)."""
-    gemm = packed_gemm.load()
-    model.lm_head = NativePackedLinear(original, gemm) if gemm else original
-
-
-def perplexity(variant: str, ids: torch.Tensor, window: int) -> float:
-    dtype_name, method, head_f32 = VARIANTS[variant]
-    source = resolve_model(None)
-    dtype = resolve_dtype(dtype_name, torch.device("cpu"))
-    model = load_model(source, dtype, torch.device("cpu"), "sdpa")
-    head = plain_linear(model.lm_head.weight)
-    optimize_linears(model, method)
+def make_runner(variant: str, args: argparse.Namespace) -> ModelRunner:
+    dtype, method, head_f32 = VARIANTS[variant]
+    config = ModelRunnerConfig(
+        dtype=dtype,
+        quantization=method,
+        kernels=args.kernels,
+        num_threads=args.threads,
+        max_num_batched_tokens=max(2048, args.window),
+    )
+    runner = ModelRunner(config)
     if head_f32:
-        float32_lm_head(model, head)
+        float32_lm_head(runner)
+    return runner
+
+
+def float32_lm_head(runner: ModelRunner) -> None:
+    """Put the lm_head back on a float32 GEMM (the rest stays int8): the native packed GEMM
+    over the embedding, which is the lm_head's weight in models with tied embeddings."""
+    model = runner.model
+    if not model.spec.tie_word_embeddings:
+        raise SystemExit("the int8+f32-head variant assumes tied embeddings (SmolLM2's)")
+    kind = "native-packed" if packed_gemm.load() is not None else "transposed"
+    model.lm_head = native_linear.make_linear(kind, model.embed_tokens.float(), None)
+
+
+def window_logits(runner: ModelRunner, ids: torch.Tensor) -> torch.Tensor:
+    """The logits [T, vocab] of every position of `ids` [T], as one prefill step from empty."""
+    n, bs = len(ids), runner.block_size
+    blocks = -(-n // bs)
+    if blocks > runner.num_blocks:
+        raise SystemExit(f"a window of {n} tokens needs {blocks} KV blocks")
+    meta = attention.build_metadata(
+        key_caches=runner.kv_cache.key_caches,
+        value_caches=runner.kv_cache.value_caches,
+        block_size=bs,
+        block_table=np.arange(blocks, dtype=np.int64)[None],
+        num_computed=np.array([0]),
+        num_scheduled=np.array([n]),
+        num_decodes=0,
+        decode_group_size=runner.config.decode_group_size,
+        slot_mapping=torch.arange(n, device=runner.device),
+        dtype=runner.dtype,
+        device=runner.device,
+        decode_kernel=runner.ops.attention_kernel,
+        native_prefill=runner.ops.native_prefill,
+    )
+    positions = torch.arange(n, device=runner.device)
+    return runner.model(ids.to(runner.device), positions, positions, meta)
+
+
+def perplexity(runner: ModelRunner, ids: torch.Tensor, window: int) -> float:
     nll, count = 0.0, 0
     with torch.inference_mode():
         for start in range(0, len(ids) - 1, window):
-            chunk = ids[start : start + window][None]
-            if chunk.shape[1] < 2:
+            chunk = ids[start : start + window]
+            if len(chunk) < 2:
                 break
-            logits = model(chunk).logits[0, :-1].float()
-            nll += torch.nn.functional.cross_entropy(logits, chunk[0, 1:], reduction="sum").item()
-            count += chunk.shape[1] - 1
+            logits = window_logits(runner, chunk)[:-1].float().cpu()
+            nll += torch.nn.functional.cross_entropy(logits, chunk[1:], reduction="sum").item()
+            count += len(chunk) - 1
     return math.exp(nll / count)
 
 
-def w64_greedy(variant: str, prompts: list[list[int]], tokens: int, threads: int) -> dict:
-    dtype, method, head_f32 = VARIANTS[variant]
-    config = ModelRunnerConfig(dtype=dtype, quantization=method, num_threads=threads)
-    runner = ModelRunner(config)
-    if head_f32:  # the runner's lm_head is int8 by now: SmolLM2's is tied to the embedding
-        if not runner.model.config.get_text_config().tie_word_embeddings:
-            raise SystemExit("the lm_head variant assumes tied embeddings (SmolLM2's)")
-        float32_lm_head(runner.model, plain_linear(runner.model.get_input_embeddings().weight))
+def w64_greedy(runner: ModelRunner, prompts: list[list[int]], tokens: int) -> dict:
+    runner.reset()
     start = time.perf_counter()
     outputs = generate_in_process(prompts, max_tokens=tokens, runner=runner)
     return {"outputs": outputs, "time_s": time.perf_counter() - start, "kernels": runner.kernels}
@@ -118,13 +148,20 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir(source))
     ids = torch.tensor(tokenizer(TEXT.read_text())["input_ids"])
+    if args.max_text_tokens:
+        ids = ids[: args.max_text_tokens]
     prompts = json.loads(WORKLOAD.read_text())["prompts"][: args.prompts]
-    print(f"CPU: {cpu_caps.capabilities().describe()}; {args.threads} threads; {source.name}")
+    print(
+        f"CPU: {cpu_caps.capabilities().describe()}; {args.threads} threads; {source.name}; "
+        f"--kernels {args.kernels}"
+    )
     print(f"text: {TEXT.name}, {len(ids)} tokens, windows of {args.window}")
     results = {}
     for variant in variants:
-        ppl = perplexity(variant, ids, args.window)
-        run = w64_greedy(variant, prompts, args.tokens, args.threads)
+        runner = make_runner(variant, args)
+        ppl = perplexity(runner, ids, args.window)
+        run = w64_greedy(runner, prompts, args.tokens)
+        del runner
         results[variant] = {"perplexity": ppl, **run}
         print(f"{variant}: perplexity {ppl:.4f}, W64 in {run['time_s']:.1f} s", flush=True)
     reference = results.get("float32")
