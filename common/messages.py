@@ -85,6 +85,9 @@ class SchedulerOutput:
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     step_id: int = 0
+    # speculative decoding: draft tokens to score after a request's next token; its
+    # num_scheduled_tokens counts them (1 + len(drafts))
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:

@@ -23,7 +23,7 @@ import torch
 from common.messages import SchedulerOutput
 from common.model_source import resolve_model
 from common.tokenizer import load_tokenizer
-from worker_svc import attention, cpu_caps, decode_stack, token_mask
+from worker_svc import attention, cpu_caps, decode_stack, spec_decode, token_mask
 from worker_svc.config import GiB, ModelRunnerConfig
 from worker_svc.cost_probe import time_throwaway_prefill
 from worker_svc.cuda_graphs import DecodeGraphs
@@ -61,6 +61,9 @@ class _StepInputs:
     logits_index: torch.Tensor  # [S] packed index of each sampling request's last token
     meta: attention.AttentionMetadata | None  # None: the step replays a decode graph
     graph_step: tuple[np.ndarray, ...] | None = None  # DecodeGraphs.run's arguments
+    # speculative decoding: per packed request its drafts ([] none); logits_index then covers
+    # every position of a request with drafts (1 + k rows) and one of any other that samples
+    drafts: list[list[int]] | None = None
 
 
 class ModelRunner:
@@ -258,6 +261,8 @@ class ModelRunner:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             forwarded = time.perf_counter()
+            if inputs.drafts is not None:
+                return self._sample_and_verify(inputs, logits, started, forwarded)
             sample_rows = inputs.rows[inputs.sample_mask]
             meta = self.batch.sampling_metadata(sample_rows)
             sample_ids = self._constrain(inputs, meta) if self.structured.active else None
@@ -283,10 +288,76 @@ class ModelRunner:
             k += 1
         return ModelRunnerOutput(out, logprobs, forwarded - started, done - forwarded)
 
-    def _constrain(self, inputs: _StepInputs, meta: SamplingMetadata) -> list[str]:
+    def _sample_and_verify(
+        self, inputs: _StepInputs, logits: torch.Tensor, started: float, forwarded: float
+    ) -> ModelRunnerOutput:
+        """A step with drafts: a request without them samples its token as in any step; one
+        with them keeps what verification accepts (spec_decode.py), 1 to k + 1 tokens."""
+        drafts = inputs.drafts
+        assert drafts is not None
+        samples = inputs.sample_mask.tolist()
+        plain, spec, plain_pos, spec_pos = [], [], [], []  # packed requests, logits rows
+        pos = 0
+        for i, (s, d) in enumerate(zip(samples, drafts, strict=True)):
+            if not s:
+                continue
+            if d:
+                spec.append(i)
+                spec_pos.extend(range(pos, pos + 1 + len(d)))
+                pos += 1 + len(d)
+            else:
+                plain.append(i)
+                plain_pos.append(pos)
+                pos += 1
+        kept: dict[int, list[int]] = {}
+        logprobs: dict[str, list[TokenLogprobs]] | None = None
+        if plain:
+            mask = np.zeros(len(samples), dtype=bool)
+            mask[plain] = True
+            meta = self.batch.sampling_metadata(inputs.rows[mask])
+            sample_ids = self._constrain(inputs, meta, mask) if self.structured.active else None
+            sampled = self.sampler(logits[plain_pos], meta)
+            tokens = sampled.token_ids.tolist()
+            if sample_ids is not None:
+                self.structured.advance(sample_ids, tokens)
+            for j, i in enumerate(plain):
+                kept[i] = [tokens[j]]
+                if sampled.logprobs is not None and sampled.logprobs[j] is not None:
+                    logprobs = logprobs if logprobs is not None else {}
+                    logprobs[inputs.req_ids[i]] = [sampled.logprobs[j]]
+        if spec:
+            counts = [1 + len(drafts[i]) for i in spec]
+            meta = self.batch.sampling_metadata(np.repeat(inputs.rows[spec], counts))
+            verified = spec_decode.verify(
+                logits[spec_pos], [drafts[i] for i in spec], meta, self.sampler
+            )
+            kept.update(zip(spec, verified, strict=True))
+        done = time.perf_counter()
+        batch = self.batch
+        batch.num_computed[inputs.rows] += inputs.num_scheduled
+        out: dict[str, list[int]] = {}
+        for i, req_id in enumerate(inputs.req_ids):
+            tokens = kept.get(i, [])
+            out[req_id] = tokens
+            if not tokens:
+                continue
+            row = inputs.rows[i : i + 1]
+            rejected = len(drafts[i]) - (len(tokens) - 1)
+            if rejected:  # their positions' KV is garbage: computed again when reached
+                batch.num_computed[row] -= rejected
+                # the scheduler gives back the blocks past the computed tokens (kv.trim)
+                keep = -(-int(batch.num_computed[row][0]) // self.block_size)
+                batch.num_blocks[row] = np.minimum(batch.num_blocks[row], keep)
+            for tok in tokens:
+                batch.append_tokens(row, [tok])
+        return ModelRunnerOutput(out, logprobs, forwarded - started, done - forwarded)
+
+    def _constrain(
+        self, inputs: _StepInputs, meta: SamplingMetadata, sample_mask: np.ndarray | None = None
+    ) -> list[str]:
         """Put the grammar masks of the constrained rows that sample into `meta`; returns the
         ids of the requests that sample, in sampling order."""
-        samples = inputs.sample_mask.tolist()
+        samples = (inputs.sample_mask if sample_mask is None else sample_mask).tolist()
         sample_ids = [r for r, s in zip(inputs.req_ids, samples, strict=True) if s]
         picked = self.structured.masks(sample_ids)
         if picked is not None:
@@ -336,6 +407,17 @@ class ModelRunner:
         n = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64, count=len(req_ids))
         c = batch.num_computed[rows]
         known = batch.num_tokens[rows]
+        spec = so.spec_token_ids
+        drafts = None
+        if spec:  # the drafts sit after the known tokens for this step's inputs
+            drafts = [spec.get(r, []) for r in req_ids]
+            extra = np.fromiter(map(len, drafts), dtype=np.int64, count=len(req_ids))
+            if (known + extra > batch.token_ids.shape[1]).any():
+                raise ValueError("drafted tokens past max_model_len")
+            for row, k, d in zip(rows.tolist(), known.tolist(), drafts, strict=True):
+                if d:
+                    batch.token_ids[row, k : k + len(d)] = d
+            known = known + extra
         if (n <= 0).any() or (c + n > known).any():
             bad = [
                 r for r, a, b, k in zip(req_ids, c, n, known, strict=True) if b <= 0 or a + b > k
@@ -352,6 +434,8 @@ class ModelRunner:
         order = np.concatenate([decodes, np.flatnonzero(n != 1)])
         rows, n, c, known = rows[order], n[order], c[order], known[order]
         req_ids = [req_ids[i] for i in order.tolist()]
+        if drafts is not None:
+            drafts = [drafts[i] for i in order.tolist()]
 
         ends = np.cumsum(n)
         token_req = np.repeat(np.arange(len(rows)), n)
@@ -362,6 +446,13 @@ class ModelRunner:
         sample_mask = c + n == known
         max_blocks = -(-int((c + n).max()) // bs)
         dev = self.device
+        logits_index = ends[sample_mask] - 1
+        if drafts is not None:  # every position of a request with drafts
+            counts = np.where(sample_mask, 1 + np.fromiter(map(len, drafts), np.int64), 0)
+            firsts = np.repeat(ends - counts, counts)
+            logits_index = (
+                firsts + np.arange(len(firsts)) - np.repeat(np.cumsum(counts) - counts, counts)
+            )
         graphs = self.decode_graphs
         if (
             graphs is not None
@@ -404,8 +495,9 @@ class ModelRunner:
             sample_mask=sample_mask,
             input_ids=torch.from_numpy(input_ids).to(dev, non_blocking=True),
             positions=torch.from_numpy(positions).to(dev, non_blocking=True),
-            logits_index=torch.from_numpy(ends[sample_mask] - 1).to(dev, non_blocking=True),
+            logits_index=torch.from_numpy(logits_index).to(dev, non_blocking=True),
             meta=meta,
+            drafts=drafts,
         )
 
     # --- sizing ---

@@ -105,17 +105,24 @@ class Sampler:
             logprobs = gather_logprobs(raw_logprobs, tokens, meta.num_logprobs)
         return SamplerOutput(tokens, logprobs)
 
-    def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    def probabilities(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """Each row's sampling distribution: temperature (greedy rows at 1), min-p, top-k and
+        top-p applied, softmaxed."""
         assert meta.temperature is not None
         greedy = meta.temperature == 0
-        greedy_tokens = _argmax(logits) if bool(greedy.any()) else None
         temp = torch.where(greedy, torch.ones_like(meta.temperature), meta.temperature)
         logits = logits / temp.unsqueeze(1)
         if meta.min_p is not None:
             logits = apply_min_p(logits, meta.min_p)
         if meta.top_k is not None or meta.top_p is not None:
             logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
-        probs = torch.softmax(logits, dim=-1)
+        return torch.softmax(logits, dim=-1)
+
+    def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        assert meta.temperature is not None
+        greedy = meta.temperature == 0
+        greedy_tokens = _argmax(logits) if bool(greedy.any()) else None
+        probs = self.probabilities(logits, meta)
         tokens = _inverse_cdf(probs, self._uniforms(len(probs), meta.generators))
         if greedy_tokens is not None:
             tokens = torch.where(greedy, greedy_tokens, tokens)

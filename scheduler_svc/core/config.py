@@ -9,6 +9,7 @@ from typing import Any
 from scheduler_svc.core.errors import SchedulerConfigError
 from scheduler_svc.core.policy import available_policies, create_policy
 from scheduler_svc.core.preemption_cost import WorkerCosts
+from scheduler_svc.core.speculative import SpeculativeConfig
 
 # recompute: a victim's blocks are freed and it is prefilled again (prefix hits help).
 # swap: its computed KV is copied to host blocks and back on resume; recompute when the host
@@ -39,6 +40,7 @@ class SchedulerConfig:
     # options for the policy when the Scheduler creates it (aging_rate, weights, ...)
     policy_options: dict[str, Any] = field(default_factory=dict)
     worker_costs: WorkerCosts | None = None  # measured by the worker; None = unknown
+    speculative: SpeculativeConfig | None = None  # draft tokens for decodes (speculative.py)
 
     def __post_init__(self) -> None:
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)

@@ -189,6 +189,18 @@ class KVCacheManager:
             self.cache_full_blocks(request, need_tokens)
         return new_blocks
 
+    def trim(self, request: Request) -> None:
+        """Give back the request's blocks past its computed tokens (a step's drafted slots that
+        verification rejected), so it holds ceil(num_computed_tokens / block_size) again."""
+        blocks = self.req_blocks.get(request.request_id)
+        keep = -(-request.num_computed_tokens // self.block_size)
+        if not blocks or len(blocks) <= keep:
+            return
+        self.uncache_uncomputed(request)
+        tail = blocks[keep:]
+        del blocks[keep:]
+        self.pool.free(reversed(tail))
+
     def free(self, request: Request) -> None:
         """Give back all of the request's blocks, the tail of the sequence first (so it is
         evicted first); full computed blocks stay in the prefix cache."""

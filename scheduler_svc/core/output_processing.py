@@ -13,6 +13,7 @@ from scheduler_svc.core.stopping import check_stop
 if TYPE_CHECKING:
     from scheduler_svc.core.kv_cache_manager import KVCacheManager
     from scheduler_svc.core.request_queue import RequestQueue
+    from scheduler_svc.core.speculative import Proposer
 
 _RUNNING = RequestStatus.RUNNING
 _FINISHED = RequestStatus.FINISHED
@@ -31,6 +32,12 @@ class OutputProcessorMixin:
     waiting: RequestQueue
     swapped: RequestQueue
     _num_finished: int
+    _proposer: Proposer | None
+    _spec_inflight: dict[int, dict[str, int]]
+    _num_drafts: int
+    _num_draft_tokens: int
+    _num_accepted_tokens: int
+    _accepted_per_pos: list[int]
 
     def update_from_output(
         self, out: SchedulerOutput, sampled: Mapping[str, Sequence[int]]
@@ -50,6 +57,9 @@ class OutputProcessorMixin:
             triples = (
                 (get(rid), n, bool(sampled.get(rid))) for rid, n in out.num_scheduled_tokens.items()
             )
+        drafted = self._spec_inflight.pop(out.step_id, None) if self._spec_inflight else None
+        if drafted:
+            self._verified(drafted, sampled, out.step_id)
         outputs: list[RequestOutput] = []
         append_output = outputs.append
         step_id = out.step_id
@@ -106,6 +116,29 @@ class OutputProcessorMixin:
             self.running = [r for r in self.running if r.status is _RUNNING]
         return outputs
 
+    def _verified(
+        self, drafted: dict[str, int], sampled: Mapping[str, Sequence[int]], step_id: int
+    ) -> None:
+        """A step's verified drafts: a request that got a + 1 tokens for k drafts keeps a of
+        them; its computed count and blocks lose the k - a rejected positions (their KV is
+        garbage), before its tokens are appended."""
+        for rid, k in drafted.items():
+            req = self._running_by_id.get(rid)
+            tokens = sampled.get(rid)
+            if req is None or not tokens or req.admitted_step > step_id:
+                continue  # finished, aborted or preempted since (its progress restarted)
+            accepted = min(len(tokens) - 1, k)
+            req.num_computed_tokens -= k - accepted
+            self.kv.trim(req)
+            self._num_drafts += 1
+            self._num_draft_tokens += k
+            self._num_accepted_tokens += accepted
+            per_pos = self._accepted_per_pos
+            for i in range(accepted):
+                per_pos[i] += 1
+            if self._proposer is not None:
+                self._proposer.record(req, k, accepted)
+
     def _finish_queued(self, req: Request) -> None:
         rid = req.request_id
         if self.swapped.remove(rid) is not None:
@@ -116,6 +149,8 @@ class OutputProcessorMixin:
         self._finished_pending.add(rid)
         self._worker_known.discard(rid)
         self._num_finished += 1
+        if self._proposer is not None:
+            self._proposer.forget(rid)
 
     def _finish(self, req: Request) -> None:
         rid = req.request_id
@@ -125,3 +160,5 @@ class OutputProcessorMixin:
         self._finished_pending.add(rid)
         self._worker_known.discard(rid)
         self._num_finished += 1
+        if self._proposer is not None:
+            self._proposer.forget(rid)

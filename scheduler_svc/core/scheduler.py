@@ -32,6 +32,7 @@ from scheduler_svc.core.policy import create_policy
 from scheduler_svc.core.preemption_cost import PreemptionCostModel
 from scheduler_svc.core.request import FinishReason, Request, RequestStatus
 from scheduler_svc.core.request_queue import RequestQueue, create_request_queue
+from scheduler_svc.core.speculative import create_proposer, drafts_allowed
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.core.step_state import StepState
 from scheduler_svc.core.validation import validate_request
@@ -98,6 +99,16 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         self._num_swap_ins = 0
         self._num_shed = 0
         self._shed: list[Request] = []  # ended by _shed_hopeless, not yet taken by take_shed()
+        # speculative decoding (speculative.py): drafts per in-flight step, and their counts
+        spec = config.speculative
+        self._proposer = create_proposer(spec) if spec is not None else None
+        self._max_drafts = spec.num_speculative_tokens if spec is not None else 0
+        self._spec_max_batch = spec.max_batch if spec is not None else 0
+        self._spec_inflight: dict[int, dict[str, int]] = {}  # step -> request -> drafts sent
+        self._num_drafts = 0  # verifications (requests x steps with drafts)
+        self._num_draft_tokens = 0
+        self._num_accepted_tokens = 0
+        self._accepted_per_pos = [0] * self._max_drafts
 
     # ---- requests --------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -126,6 +137,8 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
             return False
         req.status = RequestStatus.FINISHED
         req.finish_reason = FinishReason.ABORT
+        if self._proposer is not None:
+            self._proposer.forget(request_id)
         self._finished_pending.add(request_id)
         self._worker_known.discard(request_id)
         self._num_aborted += 1
@@ -184,7 +197,12 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
             blocks_to_swap_out=step.swap_out,
             blocks_to_swap_in=step.swap_in,
             step_id=step.step_id,
+            spec_token_ids=step.spec,
         )
+        if step.spec:
+            self._spec_inflight[step.step_id] = {r: len(d) for r, d in step.spec.items()}
+            if len(self._spec_inflight) > MAX_STEPS_IN_FLIGHT:
+                del self._spec_inflight[min(self._spec_inflight)]
         self._finished_pending = set()
         if self.policy.accounts and step.reqs:  # per-tenant service (fair share)
             self.policy.account(step.reqs, step.ns)
@@ -268,6 +286,9 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         adopted = self._adopted_unsent
         budget = step.budget
         num_decode = 0
+        proposer = self._proposer
+        if proposer is not None and len(running) > self._spec_max_batch:
+            proposer = None  # a large batch is bound by arithmetic: drafts would cost
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -281,6 +302,18 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
             ):  # nothing left to compute, or its last token is already on its way
                 i += 1
                 continue
+            drafts = None
+            if proposer is not None and n == 1 and not ph and budget > 1 and drafts_allowed(req):
+                room = min(
+                    self._max_drafts,
+                    budget - 1,
+                    req.sampling_params.max_tokens - num_out - 1,
+                    length_limit - total - 1,
+                )
+                if room > 0:
+                    drafts = proposer.propose(req, room) or None
+                    if drafts is not None:
+                        n += len(drafts)
             if threshold and n > threshold:
                 n = threshold
             if n > budget:
@@ -302,6 +335,8 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
                 new_ids = [b.block_id for b in new_blocks]
             rid = req.request_id
             num_scheduled[rid] = n
+            if drafts is not None:
+                step.spec[rid] = drafts
             if adopted and rid in adopted:
                 self._send_adopted(req, c, step)
             else:
@@ -313,7 +348,7 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
             else:  # new ground (n > 0): _note_computed's other case, without the call
                 req.max_computed_tokens = c + n
             req.num_computed_tokens = c + n
-            samples = c + n == total
+            samples = c + n == total or drafts is not None
             if samples:
                 req.num_output_placeholders = ph + 1
             samples_append(samples)
@@ -371,6 +406,7 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         if n == 1 and victim.num_computed_tokens == victim.num_tokens and victim.output_token_ids:
             step.num_decode -= 1
         victim.num_computed_tokens -= n  # those tokens will not be computed in this step
+        step.spec.pop(rid, None)
         self.kv.uncache_uncomputed(victim)  # nor will the blocks they would have filled
         cached = step.cached_reqs
         for j in range(len(cached) - 1, -1, -1):
@@ -403,7 +439,11 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         victim.num_preemptions += 1
         self._num_preemptions += 1
         step.preempted.add(rid)
-        if self._preemption_mode != "recompute" and self._cost.prefers_swap(victim):
+        if (
+            self._preemption_mode != "recompute"
+            and not self._drafts_in_flight(rid)  # its computed count includes unverified drafts
+            and self._cost.prefers_swap(victim)
+        ):
             pairs = self.kv.swap_out(victim)
             if pairs is not None:
                 victim.status = RequestStatus.SWAPPED
@@ -415,6 +455,9 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
         self.waiting.prepend(victim)
+
+    def _drafts_in_flight(self, request_id: str) -> bool:
+        return any(request_id in drafts for drafts in self._spec_inflight.values())
 
     def _note_computed(self, req: Request, c: int, n: int) -> None:
         """Recompute accounting when tokens [c, c + n) are scheduled: those below the request's
@@ -454,4 +497,8 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
             num_free_host_blocks=self.kv.host_pool.num_free_blocks,
             num_total_host_blocks=self.kv.host_pool.num_blocks,
             prefix_cache_hit_rate=self._prefix_hits / queries if queries else 0.0,
+            num_spec_drafts=self._num_drafts,
+            num_spec_draft_tokens=self._num_draft_tokens,
+            num_spec_accepted_tokens=self._num_accepted_tokens,
+            spec_accepted_per_pos=list(self._accepted_per_pos),
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -32,6 +32,11 @@ class SchedulerStats:
     num_free_host_blocks: int = 0
     num_total_host_blocks: int = 0
     prefix_cache_hit_rate: float = 0.0  # hits / queries
+    # speculative decoding (vLLM's spec_decode names): verifications, drafted and accepted
+    num_spec_drafts: int = 0
+    num_spec_draft_tokens: int = 0
+    num_spec_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)  # accepted at draft i
 
     def __getitem__(self, name: str) -> Any:
         if name not in _FIELD_NAMES:

@@ -24,3 +24,4 @@ class StepState:
     samples: list[bool] = field(default_factory=list)  # parallel: does it sample this step
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    spec: dict[str, list[int]] = field(default_factory=dict)  # drafts to verify, by request
