@@ -3,11 +3,62 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class ModelServerCollector(Collector):
+    """The Model Server Protocol's metrics under vLLM's names, which the Gateway API Inference
+    Extension's endpoint picker reads from the pods it routes to (these front-ends): the whole
+    cluster's load as of the leader's last status, the numbers scheduler_svc/metrics.py
+    (model_server_metrics) emits on the leader. Every front-end reaches the same workers, so
+    all report the same; the leader places requests on workers. Nothing while no leader is
+    connected. No LoRA: vllm:lora_requests_info with empty adapter lists and max_lora 0."""
+
+    def __init__(self, model_name: str, server_info: Callable[[], Any]) -> None:
+        self.model_name = model_name
+        self.server_info = server_info  # the leader's ServerInfo, None while none answers
+
+    def collect(self) -> Iterable:
+        info = self.server_info()
+        if info is None:
+            return
+        workers = [w for w in info.workers if w.state != "lost"]
+        total = sum(w.num_blocks for w in workers)
+        used = sum(w.num_blocks - w.num_free_blocks for w in workers)
+        for name, doc, value in (
+            (
+                "num_requests_running",
+                "Requests running on a worker",
+                sum(w.num_running for w in workers),
+            ),
+            (
+                "num_requests_waiting",
+                "Requests waiting for a worker or in a worker's queue",
+                info.num_waiting + sum(w.num_waiting for w in workers),
+            ),
+            (
+                "kv_cache_usage_perc",
+                "KV cache usage of all workers, 0..1 (1 = full)",
+                used / total if total else 0.0,
+            ),
+        ):
+            family = GaugeMetricFamily("vllm:" + name, doc, labels=["model_name"])
+            family.add_metric([self.model_name], value)
+            yield family
+        lora = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "LoRA adapters running and waiting (none: splitserve serves no LoRA adapters)",
+            labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+        )
+        lora.add_metric(["0", "", ""], time.time())
+        yield lora
 
 
 class FrontendObserver:
@@ -41,6 +92,10 @@ class FrontendObserver:
             "times this front-end moved to a new leader",
             registry=r,
         )
+
+    def watch_leader(self, model_name: str, server_info: Callable[[], Any]) -> None:
+        """Serve the vllm: metrics from the leader's ServerInfo (None while none answers)."""
+        self.registry.register(ModelServerCollector(model_name, server_info))
 
     def on_request_accepted(self, state: Any) -> None:
         self.accepted.inc()

@@ -68,6 +68,7 @@ class SchedulerLink:
         self.max_message_bytes = max_message_bytes
         self.requests: dict[str, Any] = {}
         self.observer = FrontendObserver()
+        self.observer.watch_leader(model_name, lambda: self.server_info(0))
         self.status: pb.ClusterStatus | None = None
         self.epoch = 0
         self.leader_address = ""

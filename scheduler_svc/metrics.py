@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from scheduler_svc.worker_session import StepReply, WorkerSession
 
 P = "splitserve:"
+MSP = "vllm:"  # the Model Server Protocol's names (model_server_metrics)
 TTFT_BUCKETS = (
     0.001,
     0.005,
@@ -217,11 +218,15 @@ class WorkerCollector(Collector):
             ),
             "num_steps": CounterMetricFamily(P + "scheduler_steps", "schedule() calls", labels=lw),
         }
-        sessions = 0
+        sessions = running = waiting = used = total = 0
         for session, stats in engine.worker_stats():
             if session.lost:
                 continue
             sessions += 1
+            running += stats.num_running
+            waiting += stats.num_waiting
+            used += stats.num_used_blocks
+            total += stats.num_total_blocks
             w = [session.worker_id]
             g["running"].add_metric(w, stats.num_running)
             g["waiting"].add_metric(w, stats.num_waiting)
@@ -247,6 +252,12 @@ class WorkerCollector(Collector):
             "Requests accepted and not finished",
             value=len(engine.requests),
         )
+        yield from model_server_metrics(
+            getattr(engine, "model_name", ""),
+            running,
+            queued + waiting,
+            used / total if total else 0.0,
+        )
         slo = getattr(engine, "slo", None)
         if slo is not None:
             yield from slo_metrics(slo)
@@ -263,6 +274,32 @@ class WorkerCollector(Collector):
                 "Mean predicted - actual output tokens (> 0: predictions too long)",
                 value=err.mean_signed_tokens,
             )
+
+
+def model_server_metrics(model: str, running: int, waiting: int, kv_usage: float) -> Iterable:
+    """The Model Server Protocol's metrics, under vLLM's names: the Gateway API Inference
+    Extension's endpoint picker and vLLM dashboards read these. The same numbers as the
+    splitserve: families, for the whole scheduler: running and waiting summed over the workers
+    (waiting includes the global queue), KV usage = used / total blocks of all workers. No LoRA:
+    vllm:lora_requests_info says none is running, waiting or loadable (max_lora 0); its value is
+    the time of the scrape, as vLLM's is the time of its last update. frontend_svc/observer.py
+    emits the same names from the leader's status."""
+    labels = ["model_name"]
+    for name, doc, value in (
+        ("num_requests_running", "Requests running on a worker", running),
+        ("num_requests_waiting", "Requests waiting for a worker or in a worker's queue", waiting),
+        ("kv_cache_usage_perc", "KV cache usage of all workers, 0..1 (1 = full)", kv_usage),
+    ):
+        family = GaugeMetricFamily(MSP + name, doc, labels=labels)
+        family.add_metric([model], value)
+        yield family
+    lora = GaugeMetricFamily(
+        MSP + "lora_requests_info",
+        "LoRA adapters running and waiting (none: splitserve serves no LoRA adapters)",
+        labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+    )
+    lora.add_metric(["0", "", ""], time.time())
+    yield lora
 
 
 def slo_metrics(slo) -> Iterable:
