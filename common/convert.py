@@ -169,6 +169,12 @@ def encode_step(
         running.num_computed_tokens.extend(col_computed)
         running.num_new_blocks.extend(col_num_new)
         running.new_block_ids.extend(col_blocks)
+    if out.spec_token_ids:
+        drafts = step.drafts
+        for req_id, tokens in out.spec_token_ids.items():
+            drafts.handles.append(by_id[req_id])
+            drafts.num_tokens.append(len(tokens))
+            drafts.token_ids.extend(tokens)
     for dev, host in out.blocks_to_swap_out:
         step.swap_out.add(device_block=dev, host_block=host)
     for dev, host in out.blocks_to_swap_in:
@@ -187,10 +193,14 @@ class TokenLogprobs:
 
 
 def decode_step_result(
-    result: worker_link_pb2.StepResult, handles: HandleTable, vocab_size: int | None = None
+    result: worker_link_pb2.StepResult,
+    handles: HandleTable,
+    vocab_size: int | None = None,
+    drafts: dict[str, list[int]] | None = None,
 ) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprobs]]]:
     """Sampled tokens (and logprobs) by request id. With `vocab_size`, checks that each
-    request got at most one token, below it (ValueError otherwise)."""
+    request got at most one token (1 + its drafts' count, for a request in `drafts`), below
+    it (ValueError otherwise)."""
     sampled: dict[str, list[int]] = {}
     logprobs: dict[str, list[TokenLogprobs]] = {}
     by_handle = handles.by_handle
@@ -209,7 +219,9 @@ def decode_step_result(
             sampled[req_id] = [tok]
         else:
             if vocab is not None and tokens:
-                raise ValueError(_bad_tokens(req_id, list(tokens), vocab))
+                most = 1 + len(drafts.get(req_id, ())) if drafts else 1
+                if len(tokens) > most or max(tokens) >= vocab:
+                    raise ValueError(_bad_tokens(req_id, list(tokens), vocab))
             sampled[req_id] = list(tokens)
         if item.logprobs:
             n = len(item.top_token_ids) // max(len(item.token_ids), 1)
@@ -302,6 +314,19 @@ def decode_step(step: worker_link_pb2.Step) -> SchedulerOutput:
     out.finished_req_ids = {str(h) for h in step.finished}
     out.blocks_to_swap_out = [(p.device_block, p.host_block) for p in step.swap_out]
     out.blocks_to_swap_in = [(p.device_block, p.host_block) for p in step.swap_in]
+    drafts = step.drafts
+    if drafts.handles:
+        counts = list(drafts.num_tokens)
+        tokens = list(drafts.token_ids)
+        if len(counts) != len(drafts.handles) or sum(counts) != len(tokens):
+            raise ValueError(
+                f"drafts of unequal length: {len(drafts.handles)} handles, {len(counts)} "
+                f"counts for {len(tokens)} tokens"
+            )
+        pos = 0
+        for handle, k in zip(drafts.handles, counts, strict=True):
+            out.spec_token_ids[str(handle)] = tokens[pos : pos + k]
+            pos += k
     return out
 
 

@@ -37,6 +37,12 @@ class SchedulerServiceConfig:
     enable_chunked_prefill: bool = _opt(True, "split long prompts over several steps")
     long_prefill_token_threshold: int = _opt(0, "cap one request's prefill chunk (0 = off)")
     watermark: float = _opt(0.01, "fraction of KV blocks kept free when admitting")
+    speculative_config: str = _opt(
+        "",
+        'speculative decoding, vLLM\'s JSON form, e.g. \'{"method": "ngram", '
+        '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}\' '
+        "(also max_batch, min_acceptance); empty = off",
+    )
     async_scheduling: bool = _opt(True, "schedule step N+1 while the worker runs step N")
     worker_wait_timeout: float = _opt(30.0, "seconds a request waits for a worker")
     worker_timeout: float = _opt(10.0, "seconds of silence after which a worker is lost")

@@ -35,6 +35,7 @@ from scheduler_svc.core import (
     validate_request,
 )
 from scheduler_svc.core.remaining_work import StepFit
+from scheduler_svc.core.speculative import SpeculativeConfig
 from scheduler_svc.observer import EngineObserver
 from scheduler_svc.policy_control import set_priority
 from scheduler_svc.request_state import RequestState
@@ -72,6 +73,8 @@ class ServingEngine:
         # a tenant's TTFT and TPOT targets, for its requests that set none of their own
         self.tenant_ttft = parse_tenant_seconds(config.tenant_ttft_targets, "--tenant-ttft-targets")
         self.tenant_tpot = parse_tenant_seconds(config.tenant_tpot_targets, "--tenant-tpot-targets")
+        spec = config.speculative_config.strip()
+        self._speculative = SpeculativeConfig.from_json(spec) if spec else None
         self.frontends: dict[str, Any] = {}  # front-end id -> its FrontendSession (remote ones)
         # a new leader rebuilding (scheduler_svc/takeover.py): nothing is dispatched until the
         # workers and front-ends of the old leader have reported what they hold
@@ -387,6 +390,7 @@ class ServingEngine:
             max_model_len=min(cfg.max_model_len, registration.max_model_len),
             long_prefill_token_threshold=cfg.long_prefill_token_threshold,
             worker_costs=registration.costs,
+            speculative=self._speculative,
         )
         # every worker's local queue orders with the engine's policy object, so policy state
         # (aging, per-tenant service) is global

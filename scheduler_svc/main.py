@@ -27,6 +27,7 @@ from scheduler_svc.auth import ApiKeyInterceptor
 from scheduler_svc.cluster_view import SchedulerRole, cluster_status, status_to_json
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.core import SchedulerConfig
+from scheduler_svc.core.speculative import SpeculativeConfig
 from scheduler_svc.dashboard.history import DashboardHistory
 from scheduler_svc.engine import ServingEngine
 from scheduler_svc.frontend_link_service import FrontendLinkService
@@ -43,6 +44,10 @@ EXIT_DEPOSED = 3  # this scheduler led and lost its lease (or etcd): start it ag
 WORKER_LINK_MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a step may carry many long new prompts
 
 
+def speculative_config(text: str) -> SpeculativeConfig | None:
+    return SpeculativeConfig.from_json(text) if text.strip() else None
+
+
 def check_config(cfg: SchedulerServiceConfig) -> None:
     """Fail at start (not at the first worker) on a configuration the core refuses."""
     SchedulerConfig(
@@ -57,6 +62,7 @@ def check_config(cfg: SchedulerServiceConfig) -> None:
         enable_prefix_caching=cfg.enable_prefix_caching,
         max_model_len=cfg.max_model_len,
         long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+        speculative=speculative_config(cfg.speculative_config),
     )
 
 

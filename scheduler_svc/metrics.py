@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from scheduler_svc.core import FinishReason
 from scheduler_svc.core.remaining_work import targets_met
 from scheduler_svc.observer import EngineObserver
+from scheduler_svc.spec_metrics import SpecDecodeCollector
 
 if TYPE_CHECKING:
     from scheduler_svc.core import SchedulerOutput
@@ -453,6 +454,7 @@ class MetricsObserver(EngineObserver):
 
     def bind(self, engine: ServingEngine) -> None:
         self.registry.register(WorkerCollector(engine))
+        self.registry.register(SpecDecodeCollector(engine))
 
     # ---- hooks ----------------------------------------------------------------------------
     def on_request_accepted(self, state: RequestState) -> None:

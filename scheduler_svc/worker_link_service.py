@@ -70,7 +70,9 @@ class GrpcWorkerTransport:
         if result.error:
             raise WorkerLost(f"worker failed a step: {result.error}")
         try:  # also checks each request got at most one token, inside the vocabulary
-            sampled, logprobs = decode_step_result(result, self.handles, self.vocab_size)
+            sampled, logprobs = decode_step_result(
+                result, self.handles, self.vocab_size, out.spec_token_ids
+            )
         except ValueError as exc:
             raise WorkerLost(f"worker answered a step wrongly: {exc}") from exc
         expected = out.num_scheduled_tokens.keys()

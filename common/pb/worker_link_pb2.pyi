@@ -178,7 +178,7 @@ class RunningColumns(_message.Message):
     def __init__(self, handles: _Optional[_Iterable[int]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[_Iterable[int]] = ..., num_new_blocks: _Optional[_Iterable[int]] = ..., new_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Step(_message.Message):
-    __slots__ = ("step_id", "new_requests", "cached_requests", "preempted", "finished", "swap_out", "swap_in", "running", "epoch")
+    __slots__ = ("step_id", "new_requests", "cached_requests", "preempted", "finished", "swap_out", "swap_in", "running", "epoch", "drafts")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     CACHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +188,7 @@ class Step(_message.Message):
     SWAP_IN_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DRAFTS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     cached_requests: _containers.RepeatedCompositeFieldContainer[CachedRequest]
@@ -197,7 +198,18 @@ class Step(_message.Message):
     swap_in: _containers.RepeatedCompositeFieldContainer[BlockPair]
     running: RunningColumns
     epoch: int
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Iterable[_Union[CachedRequest, _Mapping]]] = ..., preempted: _Optional[_Iterable[int]] = ..., finished: _Optional[_Iterable[int]] = ..., swap_out: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ..., running: _Optional[_Union[RunningColumns, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
+    drafts: Drafts
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Iterable[_Union[CachedRequest, _Mapping]]] = ..., preempted: _Optional[_Iterable[int]] = ..., finished: _Optional[_Iterable[int]] = ..., swap_out: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ..., swap_in: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ..., running: _Optional[_Union[RunningColumns, _Mapping]] = ..., epoch: _Optional[int] = ..., drafts: _Optional[_Union[Drafts, _Mapping]] = ...) -> None: ...
+
+class Drafts(_message.Message):
+    __slots__ = ("handles", "num_tokens", "token_ids")
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    handles: _containers.RepeatedScalarFieldContainer[int]
+    num_tokens: _containers.RepeatedScalarFieldContainer[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, handles: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SampledTokens(_message.Message):
     __slots__ = ("handle", "token_ids", "logprobs", "top_token_ids", "top_logprobs")

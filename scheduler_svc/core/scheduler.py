@@ -303,7 +303,10 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
                 i += 1
                 continue
             drafts = None
-            if proposer is not None and n == 1 and not ph and budget > 1 and drafts_allowed(req):
+            if proposer is not None and n == 1 and drafts_allowed(req) and proposer.wants(req):
+                if ph:  # drafts follow its latest token: wait for it instead of pipelining
+                    i += 1
+                    continue
                 room = min(
                     self._max_drafts,
                     budget - 1,

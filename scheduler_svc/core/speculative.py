@@ -16,7 +16,9 @@ every request's outputs would be other implementations behind it. Drafting stays
 cannot pay: requests whose sampling needs what the worker only applies to single tokens
 (penalties, logprobs, grammars), batches past `max_batch` running requests (the step is bound
 by arithmetic there, not by reading the weights), and requests whose drafts keep being rejected
-(their acceptance, tracked per request, below `min_acceptance` backs them off).
+(their acceptance, tracked per request, below `min_acceptance`) or whose lookups keep finding
+nothing: those back off for BACK_OFF_STEPS steps. A request the proposer wants is not pipelined
+(its drafts must follow its latest token, so it waits for it); a backed-off one is.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from scheduler_svc.core.errors import SchedulerConfigError
 from scheduler_svc.core.request import Request
 
 METHODS = ("ngram",)
+MAX_MISSES = 4  # lookups in a row without a match before a request backs off
+BACK_OFF_STEPS = 16  # steps a backed-off request decodes one token at a time, pipelined
 
 
 @dataclass(slots=True, frozen=True)
@@ -76,6 +80,11 @@ class SpeculativeConfig:
 
 
 class Proposer(Protocol):
+    def wants(self, request: Request) -> bool:
+        """Whether to draft for this request now (asked once per step it decodes in; a request
+        the proposer wants waits for its last token instead of being pipelined)."""
+        ...
+
     def propose(self, request: Request, max_tokens: int) -> list[int]:
         """Up to max_tokens draft tokens to follow the request's known tokens."""
         ...
@@ -90,13 +99,14 @@ class Proposer(Protocol):
 class _NgramState:
     """One request's n-gram index: suffix -> end of its latest earlier occurrence."""
 
-    __slots__ = ("drafted", "accepted", "indexed", "table", "skip")
+    __slots__ = ("drafted", "accepted", "indexed", "table", "skip", "misses")
 
     def __init__(self) -> None:
         self.table: dict[tuple[int, ...], int] = {}
         self.indexed = 0  # n-grams ending before this position are in the table
         self.drafted = 0.0  # decayed counts: acceptance follows what the text does now
         self.accepted = 0.0
+        self.misses = 0  # lookups in a row that found nothing
         self.skip = 0  # steps left without drafting (backed off)
 
 
@@ -107,13 +117,17 @@ class NgramProposer:
         self.config = config
         self._states: dict[str, _NgramState] = {}
 
+    def wants(self, request: Request) -> bool:
+        state = self._states.get(request.request_id)
+        if state is None or not state.skip:
+            return True
+        state.skip -= 1
+        return False
+
     def propose(self, request: Request, max_tokens: int) -> list[int]:
         state = self._states.get(request.request_id)
         if state is None:
             state = self._states[request.request_id] = _NgramState()
-        if state.skip:
-            state.skip -= 1
-            return []
         tokens = request.prompt_token_ids + request.output_token_ids
         length = len(tokens)
         lo, hi = self.config.prompt_lookup_min, self.config.prompt_lookup_max
@@ -126,7 +140,11 @@ class NgramProposer:
         for n in range(min(hi, length - 1), lo - 1, -1):
             found = table.get(tuple(tokens[length - n :]))
             if found is not None:
+                state.misses = 0
                 return tokens[found : found + max_tokens]
+        state.misses += 1
+        if state.misses >= MAX_MISSES:  # no repetition to draw on: pipeline it for a while
+            state.misses, state.skip = 0, BACK_OFF_STEPS
         return []
 
     def record(self, request: Request, num_drafted: int, num_accepted: int) -> None:
@@ -136,7 +154,7 @@ class NgramProposer:
         state.drafted = 0.8 * state.drafted + num_drafted
         state.accepted = 0.8 * state.accepted + num_accepted
         if state.drafted >= 8 and state.accepted < self.config.min_acceptance * state.drafted:
-            state.skip = 8  # try again later: the text may turn repetitive
+            state.skip = BACK_OFF_STEPS  # try again later: the text may turn repetitive
             state.drafted = state.accepted = 0.0
 
     def forget(self, request_id: str) -> None:

@@ -59,6 +59,9 @@ class Oracle:
         self.reference, self.k, self.wrong = reference, k, wrong
         self.drafted = self.accepted = 0
 
+    def wants(self, request):
+        return True
+
     def propose(self, request, max_tokens):
         done = len(request.output_token_ids)
         right = self.reference[request.request_id][done : done + min(self.k, max_tokens)]
@@ -103,11 +106,15 @@ def test_greedy_with_drafts_equals_greedy_without(runner):
 
 
 def test_ngram_drafting_keeps_greedy_output(runner):
-    reference, _ = serve(runner, prompts(1), GREEDY)
+    base = prompts(1)
+    first, _ = serve(runner, base, GREEDY)
+    # each prompt, its own continuation, the prompt again: the lookup drafts that continuation
+    looped = [p + first[f"r{i}"] + p for i, p in enumerate(base)]
+    reference, _ = serve(runner, looped, GREEDY)
     spec = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3)
-    got, sched = serve(runner, prompts(1), GREEDY, spec)
+    got, sched = serve(runner, looped, GREEDY, spec)
     assert got == reference
-    assert sched.stats().num_spec_draft_tokens > 0  # the repeated prompts gave drafts
+    assert sched.stats().num_spec_draft_tokens > 0
     assert sched.stats().num_free_blocks == NUM_BLOCKS
 
 
@@ -136,6 +143,9 @@ def test_rejection_sampling_draws_from_the_model_distribution(runner, tiny_llama
     draft = top[1]  # often accepted, often rejected
 
     class Fixed:
+        def wants(self, request):
+            return True
+
         def propose(self, request, max_tokens):
             return [draft] if not request.output_token_ids else []
 
