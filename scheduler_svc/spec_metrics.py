@@ -31,6 +31,9 @@ class SpecDecodeCollector(Collector):
         accepted = CounterMetricFamily(
             P + "spec_decode_num_accepted_tokens", "Draft tokens verification kept", labels=lw
         )
+        draft_time = CounterMetricFamily(
+            P + "spec_decode_draft_seconds", "Seconds the scheduler spent drafting", labels=lw
+        )
         per_pos = CounterMetricFamily(
             P + "spec_decode_num_accepted_tokens_per_pos",
             "Draft tokens kept at each draft position (0: the first draft)",
@@ -43,6 +46,7 @@ class SpecDecodeCollector(Collector):
             drafts.add_metric(w, stats.num_spec_drafts)
             draft_tokens.add_metric(w, stats.num_spec_draft_tokens)
             accepted.add_metric(w, stats.num_spec_accepted_tokens)
+            draft_time.add_metric(w, stats.spec_draft_time_s)
             for position, count in enumerate(stats.spec_accepted_per_pos):
                 per_pos.add_metric([session.worker_id, str(position)], count)
-        yield from (drafts, draft_tokens, accepted, per_pos)
+        yield from (drafts, draft_tokens, accepted, draft_time, per_pos)

@@ -19,6 +19,7 @@ worker; update_from_output() is in output_processing.py.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from time import perf_counter
 
 from common.messages import CachedRequestData, NewRequestData, SchedulerOutput
 from scheduler_svc.core.admission import AdmissionMixin
@@ -109,6 +110,7 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         self._num_draft_tokens = 0
         self._num_accepted_tokens = 0
         self._accepted_per_pos = [0] * self._max_drafts
+        self._draft_time_s = 0.0  # spent proposing, inside schedule()
 
     # ---- requests --------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -314,7 +316,9 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
                     length_limit - total - 1,
                 )
                 if room > 0:
+                    drafting = perf_counter()
                     drafts = proposer.propose(req, room) or None
+                    self._draft_time_s += perf_counter() - drafting
                     if drafts is not None:
                         n += len(drafts)
             if threshold and n > threshold:
@@ -504,4 +508,5 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
             num_spec_draft_tokens=self._num_draft_tokens,
             num_spec_accepted_tokens=self._num_accepted_tokens,
             spec_accepted_per_pos=list(self._accepted_per_pos),
+            spec_draft_time_s=self._draft_time_s,
         )

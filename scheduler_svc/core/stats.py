@@ -37,6 +37,7 @@ class SchedulerStats:
     num_spec_draft_tokens: int = 0
     num_spec_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = field(default_factory=list)  # accepted at draft i
+    spec_draft_time_s: float = 0.0  # seconds schedule() spent proposing drafts
 
     def __getitem__(self, name: str) -> Any:
         if name not in _FIELD_NAMES:

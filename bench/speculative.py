@@ -1,0 +1,308 @@
+"""Speculative decoding (prompt lookup) off and on, side by side, over gRPC.
+
+    .venv/bin/python bench/speculative.py                       # the full table, ~15 min on 2 cores
+    .venv/bin/python bench/speculative.py --concurrency 1,4 --workloads repetitive --quick
+    .venv/bin/python bench/speculative.py --json spec.json --plot docs/speculative.png
+
+Each setting (off, then on with --spec) is one `splitserve scheduler` + one `splitserve worker`
+process pair. For each workload and concurrency c, c streams run at once (closed loop: a stream
+sends its next request when its last one ends) over max(c, --min-requests) requests; greedy,
+EOS ignored. Workloads:
+- repetitive: chat prompts that ask SmolLM2 to quote its input (passages of bench/data/essays.txt)
+  or to edit code and print it whole (snippets of this repository);
+- w64: the W64 prompts (bench/workloads/w64.json).
+Printed per row: out tok/s, TPOT p50, acceptance (accepted / drafted tokens, from the
+scheduler's spec_decode counters) and the drafting share of the step (the scheduler's drafting
+seconds over the worker steps' seconds), and on/off speed ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from peers_lib.servers import Process, free_port, wait_until  # noqa: E402
+
+from bench.serve import BenchRequest, GrpcBackend  # noqa: E402
+from common import event_loop  # noqa: E402
+
+DEFAULT_SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'
+console = Console(stderr=True)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--concurrency", default="1,4,16,64", help="comma list of concurrent streams")
+    p.add_argument("--workloads", default="repetitive,w64", help="comma list: repetitive, w64")
+    p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
+    p.add_argument("--min-requests", type=int, default=8, help="requests per row at least")
+    p.add_argument("--spec", default=DEFAULT_SPEC, help="--speculative-config for the 'on' runs")
+    p.add_argument("--threads", type=int, default=2, help="the worker's torch threads")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--quick", action="store_true", help="fewer tokens and requests")
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--plot", type=Path, default=None, help="PNG: out tok/s off vs on")
+    p.add_argument("--log-dir", type=Path, default=None)
+    args = p.parse_args()
+    if args.quick:
+        args.max_tokens, args.min_requests = 32, 4
+    return args
+
+
+# ---- workloads ------------------------------------------------------------------------------
+CODE_FILES = ("common/messages.py", "scheduler_svc/core/request.py", "worker_svc/kv_cache.py")
+
+
+def repetitive_prompts(tokenizer, n: int = 16) -> list[list[int]]:
+    """Chat prompts whose answers quote their input: passages to repeat, code to edit whole."""
+    text = (ROOT / "bench/data/essays.txt").read_text()
+    paragraphs = [p.strip() for p in text.split("\n\n") if 200 < len(p.strip()) < 900]
+    snippets = []
+    for name in CODE_FILES:
+        lines = (ROOT / name).read_text().splitlines()
+        for start in range(20, len(lines) - 12, 25):
+            snippets.append("\n".join(lines[start : start + 12]))
+    asks = []
+    for i in range(n):
+        if i % 2 == 0:
+            passage = paragraphs[(i // 2) % len(paragraphs)]
+            asks.append(f"Repeat the following text exactly, word for word:\n\n{passage}")
+        else:
+            code = snippets[(i // 2) % len(snippets)]
+            asks.append(
+                "Add a comment line at the top of this code and then print the whole code "
+                f"unchanged:\n\n```python\n{code}\n```"
+            )
+    return [
+        tokenizer.apply_chat_template([{"role": "user", "content": a}], add_generation_prompt=True)
+        for a in asks
+    ]
+
+
+def load_prompts(name: str) -> list[list[int]]:
+    if name == "w64":
+        return json.loads((ROOT / "bench/workloads/w64.json").read_text())["prompts"]
+    from common.model_source import resolve_model
+    from common.tokenizer import load_tokenizer
+
+    return repetitive_prompts(load_tokenizer(resolve_model(None)))
+
+
+# ---- one setting: a scheduler + a worker ----------------------------------------------------
+class Server:
+    def __init__(self, args, spec: str | None, log_dir: Path) -> None:
+        cli = [sys.executable, "-m", "splitserve.cli"]
+        self.port, self.http = free_port(), free_port()
+        wport = free_port()
+        sched_args = [
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--worker-port",
+            str(wport),
+            "--http-port",
+            str(self.http),
+            "--max-num-seqs",
+            "64",
+            "--max-model-len",
+            "2048",
+            "--log-level",
+            "WARNING",
+        ]
+        if spec:
+            sched_args += ["--speculative-config", spec]
+        name = "on" if spec else "off"
+        self.procs = [Process(f"scheduler-{name}", cli + sched_args, log_dir)]
+        worker_args = ["worker", "--scheduler", f"127.0.0.1:{wport}", "--worker-id", "w0"]
+        worker_args += ["--num-threads", str(args.threads), "--dtype", args.dtype]
+        worker_args += ["--log-level", "WARNING"]
+        self.procs.append(Process(f"worker-{name}", cli + worker_args, log_dir))
+        wait_until(lambda: "w0" in self.metrics(), self.procs[1], 600, "the worker attached")
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.http}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.read().decode()
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+
+
+def counter(text: str, name: str) -> float:
+    values = re.findall(rf"^splitserve:{name}(?:_total|_sum)(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    return sum(float(v) for v in values)
+
+
+COUNTERS = (
+    "spec_decode_num_draft_tokens",
+    "spec_decode_num_accepted_tokens",
+    "spec_decode_draft_seconds",
+    "step_time_seconds",
+)
+
+
+async def closed_loop(target: str, prompts: list[list[int]], c: int, max_tokens: int):
+    ns = argparse.Namespace(
+        target=target, api_key=None, model=None, temperature=0.0, ignore_eos=True, timeout=3600.0
+    )
+    backend = GrpcBackend(ns)
+    queue = list(enumerate(prompts))
+    results = []
+    t0 = time.perf_counter()
+
+    async def stream() -> None:
+        while queue:
+            _, prompt = queue.pop(0)
+            results.append(await backend.send(BenchRequest(prompt, max_tokens), t0))
+
+    try:
+        await asyncio.gather(*(stream() for _ in range(c)))
+    finally:
+        await backend.close()
+    return results, time.perf_counter() - t0
+
+
+def measure(server: Server, prompts: list[list[int]], c: int, args) -> dict:
+    n = max(c, args.min_requests)
+    batch = [prompts[i % len(prompts)] for i in range(n)]
+    before = server.metrics()
+    results, seconds = event_loop.run(
+        closed_loop(f"127.0.0.1:{server.port}", batch, c, args.max_tokens)
+    )
+    after = server.metrics()
+    delta = {k: counter(after, k) - counter(before, k) for k in COUNTERS}
+    failed = [r.error for r in results if not r.ok]
+    if failed:
+        raise RuntimeError(f"{len(failed)} requests failed: {failed[0]}")
+    tokens = sum(r.output_len for r in results)
+    tpots = [r.tpot for r in results if r.tpot is not None]
+    drafted = delta["spec_decode_num_draft_tokens"]
+    return {
+        "concurrency": c,
+        "requests": n,
+        "out_tok_s": tokens / seconds,
+        "tpot_p50_ms": 1e3 * statistics.median(tpots),
+        "drafted": drafted,
+        "accepted": delta["spec_decode_num_accepted_tokens"],
+        "acceptance": delta["spec_decode_num_accepted_tokens"] / drafted if drafted else None,
+        "draft_share": delta["spec_decode_draft_seconds"] / delta["step_time_seconds"]
+        if delta["step_time_seconds"]
+        else None,
+    }
+
+
+def main() -> int:
+    args = parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    workloads = args.workloads.split(",")
+    prompts = {w: load_prompts(w) for w in workloads}
+    log_dir = args.log_dir or Path(f"/tmp/splitserve-spec-{int(time.time())}")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    rows: dict[tuple[str, int], dict[str, dict]] = {}
+    for setting, spec in (("off", None), ("on", args.spec)):
+        server = Server(args, spec, log_dir)
+        try:
+            event_loop.run(_warm(server.port))
+            for w in workloads:
+                for c in levels:
+                    console.print(f"[bold]{setting}[/] {w} x{c}")
+                    rows.setdefault((w, c), {})[setting] = measure(server, prompts[w], c, args)
+        finally:
+            server.stop()
+    table = Table(title=f"speculative decoding off / on ({args.spec}), {args.dtype}")
+    for col in (
+        "workload",
+        "streams",
+        "off tok/s",
+        "on tok/s",
+        "on/off",
+        "TPOT p50 off/on (ms)",
+        "acceptance",
+        "drafting share",
+    ):
+        table.add_column(col)
+    for (w, c), r in rows.items():
+        off, on = r["off"], r["on"]
+        acc = f"{on['acceptance']:.2f}" if on["acceptance"] is not None else "-"
+        share = f"{100 * on['draft_share']:.2f}%" if on["draft_share"] is not None else "-"
+        table.add_row(
+            w,
+            str(c),
+            f"{off['out_tok_s']:.1f}",
+            f"{on['out_tok_s']:.1f}",
+            f"{on['out_tok_s'] / off['out_tok_s']:.2f}",
+            f"{off['tpot_p50_ms']:.0f} / {on['tpot_p50_ms']:.0f}",
+            acc,
+            share,
+        )
+    Console().print(table)
+    out = {
+        "spec": args.spec,
+        "max_tokens": args.max_tokens,
+        "rows": [{"workload": w, **{k: r for k, r in v.items()}} for (w, _), v in rows.items()],
+    }
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
+
+
+async def _warm(port: int) -> None:
+    ns = argparse.Namespace(
+        target=f"127.0.0.1:{port}",
+        api_key=None,
+        model=None,
+        temperature=0.0,
+        ignore_eos=True,
+        timeout=600.0,
+    )
+    backend = GrpcBackend(ns)
+    try:
+        await backend.send(BenchRequest([1, 2, 3, 4, 5, 6, 7, 8], 4), time.perf_counter())
+    finally:
+        await backend.close()
+
+
+def plot(rows, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = sorted({w for w, _ in rows})
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 3.6), squeeze=False)
+    for ax, w in zip(axes[0], workloads, strict=True):
+        levels = sorted(c for ww, c in rows if ww == w)
+        xs = range(len(levels))
+        for k, (setting, color) in enumerate((("off", "#888888"), ("on", "#2a7ab0"))):
+            ys = [rows[(w, c)][setting]["out_tok_s"] for c in levels]
+            ax.bar([x + 0.4 * k for x in xs], ys, 0.4, label=f"speculation {setting}", color=color)
+        ax.set_xticks([x + 0.2 for x in xs], [str(c) for c in levels])
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel("out tok/s")
+        ax.set_title(w)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
