@@ -102,6 +102,7 @@ async def run_point(n_workers: int, args, progress) -> dict:
         log_level="warning",
         async_scheduling=not args.no_async,
         stream_interval=args.stream_interval,
+        speculative_config=args.speculative_config,
     )
     server = SchedulerServer(cfg)
     await server.start()
@@ -163,6 +164,8 @@ async def run_point(n_workers: int, args, progress) -> dict:
         tasks = []
         for i in range(n_workers * args.running):
             prompt = [rng.randrange(3, 49152) for _ in range(args.prompt_len)]
+            if args.repetitive:
+                prompt = (prompt[:8] * args.prompt_len)[: args.prompt_len]
             state = server.intake.make_state(f"r{i}", prompt, params, [])
             if args.skip_detokenize:
                 state.detokenizer = NoDetokenizer()
@@ -179,6 +182,8 @@ async def run_point(n_workers: int, args, progress) -> dict:
         cpu1, wcpu1, t1 = cpu_seconds(), children_cpu_seconds(procs), time.perf_counter()
         after = [(s.num_steps, s.total_worker_idle_s, s.total_worker_step_s) for s in sessions]
         steps = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
+        drafting = [s.scheduler.stats() for s in sessions]
+        lookups = sum(st.num_spec_lookups for st in drafting)
         idle = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
         busy = sum(a[2] - b[2] for a, b in zip(after, before, strict=True))
         for state in list(engine.requests.values()):
@@ -209,6 +214,11 @@ async def run_point(n_workers: int, args, progress) -> dict:
             "event_loop": event_loop.loop_name(),
             "stream_interval": args.stream_interval,
             "stream_interval_reached": engine.pacer.interval,  # where an adaptive one settled
+            # --speculative-config: the scheduler's drafting (whole run) per lookup
+            "draft_us_per_lookup": 1e6 * sum(st.spec_draft_time_s for st in drafting) / lookups
+            if lookups
+            else None,
+            "spec_lookups": lookups,
         }
         progress(result)
         return result
@@ -268,6 +278,17 @@ def main() -> None:
         default="auto",
         help="the scheduler's loop (the service's --event-loop)",
     )
+    parser.add_argument(
+        "--speculative-config",
+        default="",
+        help="the scheduler's --speculative-config (drafting cost per lookup in the JSON and "
+        "table; set max_batch above --running for it to draft)",
+    )
+    parser.add_argument(
+        "--repetitive",
+        action="store_true",
+        help="prompts of one short phrase repeated (prompt lookup finds matches)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     configure_logging("warning", json_logs=True)
@@ -295,6 +316,7 @@ def main() -> None:
         "worker ms/step",
         "added share %",
         "interval",
+        "draft µs/lookup",
     ):
         table.add_column(col, justify="right")
     for r in results:
@@ -311,6 +333,7 @@ def main() -> None:
             f"{r['worker_step_ms']:.2f}",
             f"{r['added_share_pct']:.1f}",
             str(r["stream_interval_reached"]),
+            "-" if r["draft_us_per_lookup"] is None else f"{r['draft_us_per_lookup']:.1f}",
         )
     console.print(table)
     if args.json:

@@ -111,6 +111,7 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         self._num_accepted_tokens = 0
         self._accepted_per_pos = [0] * self._max_drafts
         self._draft_time_s = 0.0  # spent proposing, inside schedule()
+        self._num_lookups = 0  # propose() calls
 
     # ---- requests --------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -319,6 +320,7 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
                     drafting = perf_counter()
                     drafts = proposer.propose(req, room) or None
                     self._draft_time_s += perf_counter() - drafting
+                    self._num_lookups += 1
                     if drafts is not None:
                         n += len(drafts)
             if threshold and n > threshold:
@@ -509,4 +511,5 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
             num_spec_accepted_tokens=self._num_accepted_tokens,
             spec_accepted_per_pos=list(self._accepted_per_pos),
             spec_draft_time_s=self._draft_time_s,
+            num_spec_lookups=self._num_lookups,
         )

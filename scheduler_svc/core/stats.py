@@ -38,6 +38,7 @@ class SchedulerStats:
     num_spec_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = field(default_factory=list)  # accepted at draft i
     spec_draft_time_s: float = 0.0  # seconds schedule() spent proposing drafts
+    num_spec_lookups: int = 0  # proposals asked for (a request in a step it could draft in)
 
     def __getitem__(self, name: str) -> Any:
         if name not in _FIELD_NAMES:
