@@ -4,13 +4,16 @@
     splitserve-health [--target localhost:50051] [--service NAME] [--timeout 3]
     splitserve-health --http http://localhost:2379/health [--expect '"health":"true"']
     splitserve-health --etcd-leader etcd:2379 [--no-stopped-process]
+    ... [--tls-ca-file CA [--tls-cert-file C --tls-key-file K] [--tls-server-name NAME]]
 
 Default: ask a gRPC server's standard `grpc.health.v1.Health/Check` (front-ends on their client
 port, schedulers on their worker-link port). --http: GET a URL, healthy on a 2xx answer that
 contains --expect (etcd's /health). --etcd-leader: read the leader scheduler's address from
 etcd's JSON gateway and ask grpc.health.v1 there (a worker has no port of its own: it is healthy
 while the leader it follows answers it). --no-stopped-process: also fail while a process of this
-container is stopped (SIGSTOP, a debugger), which no probe of a port notices.
+container is stopped (SIGSTOP, a debugger), which no probe of a port notices. --tls-ca-file
+(or --tls): ask over TLS, mutual with --tls-cert-file and --tls-key-file, checking the server's
+certificate for --tls-server-name (a worker-link port on `--worker-tls-*`).
 
 Exit 0 when healthy, 1 otherwise (with the reason on stderr). Needs only the standard library,
 grpcio and grpcio-health-checking (in both images); no probe binary to download.
@@ -29,16 +32,44 @@ import urllib.request
 LEADER_KEY = "/splitserve/leader"  # common/coordination.py: /{cluster}/leader
 
 
-def check_grpc(target: str, service: str = "", timeout: float = 3.0) -> tuple[bool, str]:
+def _channel(target: str, tls: dict | None):
+    import grpc
+
+    if not tls:
+        return grpc.insecure_channel(target)
+
+    def read(path: str) -> bytes | None:
+        if not path:
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=read(tls.get("ca_file", "")),
+        private_key=read(tls.get("key_file", "")),
+        certificate_chain=read(tls.get("cert_file", "")),
+    )
+    name = tls.get("server_name", "")
+    options = [("grpc.ssl_target_name_override", name)] if name else []
+    return grpc.secure_channel(target, creds, options=options)
+
+
+def check_grpc(
+    target: str, service: str = "", timeout: float = 3.0, tls: dict | None = None
+) -> tuple[bool, str]:
+    """tls: None for plaintext, else {ca_file, cert_file, key_file, server_name} (any may be
+    empty: system roots, no client certificate, the target's own name)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     try:
-        with grpc.insecure_channel(target) as channel:
+        with _channel(target, tls) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
     except grpc.RpcError as exc:
         return False, f"{exc.code().name}: {exc.details()}"
+    except OSError as exc:  # a certificate file that is not there (yet)
+        return False, str(exc)
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     return reply.status == health_pb2.HealthCheckResponse.SERVING, status
 
@@ -116,7 +147,22 @@ def main(argv: list[str] | None = None) -> int:
         help="also fail while a process in this container is stopped",
     )
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer")
+    parser.add_argument("--tls", action="store_true", help="gRPC over TLS (system roots)")
+    parser.add_argument("--tls-ca-file", default="", help="CA of the server (implies --tls)")
+    parser.add_argument("--tls-cert-file", default="", help="client certificate: mutual TLS")
+    parser.add_argument("--tls-key-file", default="", help="its private key")
+    parser.add_argument("--tls-server-name", default="", help="name in the server's certificate")
     args = parser.parse_args(argv)
+    tls = None
+    if args.tls or args.tls_ca_file or args.tls_cert_file:
+        if bool(args.tls_cert_file) != bool(args.tls_key_file):
+            parser.error("--tls-cert-file and --tls-key-file go together")
+        tls = {
+            "ca_file": args.tls_ca_file,
+            "cert_file": args.tls_cert_file,
+            "key_file": args.tls_key_file,
+            "server_name": args.tls_server_name,
+        }
 
     if args.no_stopped_process:
         pid = stopped_process()
@@ -133,10 +179,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         service = args.service or "splitserve.v1.WorkerLink"
         what = f"{why} at {address} {service}"
-        ok, status = check_grpc(address, service, args.timeout)
+        ok, status = check_grpc(address, service, args.timeout, tls)
     else:
         what = f"{args.target} {args.service or '(server)'}"
-        ok, status = check_grpc(args.target, args.service, args.timeout)
+        ok, status = check_grpc(args.target, args.service, args.timeout, tls)
     print(f"{what}: {status}", file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1
 

@@ -8,7 +8,8 @@ own detokenizer and stop strings run here). When the leader is lost it finds the
 from the first token the client has not seen: `start` on each update makes a token that arrives
 twice land once. A leader message from an older epoch than one already accepted is refused.
 Without a leader for `leader_wait_timeout` seconds, requests in flight fail with UNAVAILABLE
-and new ones are refused at once until a leader answers again.
+and new ones are refused at once until a leader answers again. The leader's internal port is
+dialled as `tls` says (frontend_svc/link_tls.py): plaintext, TLS or mutual TLS.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from common.pb import frontend_link_pb2 as pb
 from common.pb import frontend_link_pb2_grpc as pb_grpc
 from common.pb import generation_pb2 as gen_pb
 from frontend_svc.leader_finder import LeaderFinder
+from frontend_svc.link_tls import LinkTls
 from frontend_svc.observer import FrontendObserver
 
 log = get_logger("splitserve.frontend")
@@ -57,6 +59,7 @@ class SchedulerLink:
         priority_error: type[Exception],
         leader_wait_timeout: float = 15.0,
         max_message_bytes: int = 256 * 1024 * 1024,
+        tls: LinkTls | None = None,
     ) -> None:
         self.identity = identity
         self.model_name = model_name
@@ -66,6 +69,7 @@ class SchedulerLink:
         self.priority_error = priority_error
         self.leader_wait_timeout = leader_wait_timeout
         self.max_message_bytes = max_message_bytes
+        self.tls = tls or LinkTls()  # how the leader's internal port is dialled
         self.requests: dict[str, Any] = {}
         self.observer = FrontendObserver()
         self.observer.watch_leader(model_name, lambda: self.server_info(0))
@@ -112,7 +116,7 @@ class SchedulerLink:
     async def change_priority(self, request_id: str, priority: int) -> None:
         if not self.connected.is_set():
             raise self.priority_error("UNAVAILABLE", self._outage_sentence())
-        async with grpc.aio.insecure_channel(self.leader_address) as channel:
+        async with self.tls.channel(self.leader_address) as channel:
             stub = pb_grpc.FrontendLinkStub(channel)
             try:
                 await stub.SetPriority(
@@ -203,7 +207,7 @@ class SchedulerLink:
             ("grpc.max_send_message_length", self.max_message_bytes),
             ("grpc.keepalive_time_ms", 5_000),
         ]
-        async with grpc.aio.insecure_channel(address, options=options) as channel:
+        async with self.tls.channel(address, options) as channel:
             call = pb_grpc.FrontendLinkStub(channel).Connect()
             self._call = call
             outbox: asyncio.Queue[pb.FrontendMessage] = asyncio.Queue()

@@ -20,8 +20,10 @@ from common.logging import configure_logging, get_logger
 from common.model_source import resolve_model
 from common.pb import generation_pb2
 from common.safe_handlers import add_servicer
+from common.tls import add_port
 from common.tokenizer import load_tokenizer
 from frontend_svc.leader_finder import EtcdLeader, FixedLeader
+from frontend_svc.link_tls import LinkTls
 from frontend_svc.scheduler_link import FrontendIdentity, SchedulerLink
 from scheduler_svc.auth import ApiKeyInterceptor
 from scheduler_svc.cluster_view import status_to_json
@@ -58,6 +60,18 @@ class FrontendConfig:
         15.0, "without a leader this long, requests in flight fail with UNAVAILABLE"
     )
     api_key: str = _opt("", "key clients must send; empty = none")
+    tls_cert_file: str = _opt("", "PEM certificate: serve the client API (gRPC, HTTP) over TLS")
+    tls_key_file: str = _opt("", "PEM private key for --tls-cert-file")
+    tls_client_ca_file: str = _opt("", "require client certificates signed by this CA")
+    scheduler_tls: bool = _opt(False, "dial the leader scheduler's internal port over TLS")
+    scheduler_tls_ca_file: str = _opt(
+        "", "CA that signed the scheduler's certificate (implies --scheduler-tls)"
+    )
+    scheduler_tls_cert_file: str = _opt(
+        "", "this front-end's certificate for the scheduler link, for mutual TLS"
+    )
+    scheduler_tls_key_file: str = _opt("", "private key for --scheduler-tls-cert-file")
+    scheduler_tls_server_name: str = _opt("", "expected name in the scheduler's certificate")
     max_message_bytes: int = _opt(4 * 1024 * 1024, "largest client gRPC message accepted")
     event_loop: str = _opt("auto", "asyncio loop: auto, uvloop, asyncio")
     log_level: str = _opt("info", "log level")
@@ -81,6 +95,14 @@ class FrontendServer:
             grpc_address=f"{shown}:{cfg.port}",
         )
         finder = EtcdLeader(cfg.etcd) if cfg.etcd else FixedLeader(cfg.scheduler)
+        link_tls = LinkTls(
+            enabled=cfg.scheduler_tls,
+            ca_file=cfg.scheduler_tls_ca_file,
+            cert_file=cfg.scheduler_tls_cert_file,
+            key_file=cfg.scheduler_tls_key_file,
+            server_name=cfg.scheduler_tls_server_name,
+        )
+        link_tls.check()
         self.link = SchedulerLink(
             identity,
             model_name,
@@ -89,6 +111,7 @@ class FrontendServer:
             rejected_error=RequestRejected,
             priority_error=PriorityChangeError,
             leader_wait_timeout=cfg.leader_wait_timeout,
+            tls=link_tls,
         )
         aliases = {source.name, model_name, str(cfg.model or "")} - {""}
         self.intake = Intake(tokenizer, model_name, aliases, cfg.max_model_len)
@@ -113,7 +136,13 @@ class FrontendServer:
         )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        self.port = add_port(
+            self.server,
+            f"{cfg.host}:{cfg.port}",
+            cfg.tls_cert_file,
+            cfg.tls_key_file,
+            cfg.tls_client_ca_file,
+        )
         self.http_ctx = HttpContext(
             self.link,  # type: ignore[arg-type]
             self.intake,
@@ -124,7 +153,13 @@ class FrontendServer:
         self.http = None
         if cfg.http_port > 0:
             self.http = HttpServer(
-                create_app(self.http_ctx), cfg.host, cfg.http_port, reuse_port=True
+                create_app(self.http_ctx),
+                cfg.host,
+                cfg.http_port,
+                ssl_certfile=cfg.tls_cert_file,
+                ssl_keyfile=cfg.tls_key_file,
+                ssl_ca_certs=cfg.tls_client_ca_file,
+                reuse_port=True,
             )
 
     def cluster(self) -> dict | None:
@@ -145,6 +180,8 @@ class FrontendServer:
             port=self.port,
             http_port=self.http.port if self.http is not None else 0,
             leader_from=self.cfg.etcd or self.cfg.scheduler,
+            scheduler_tls=self.link.tls.on,
+            client_tls=bool(self.cfg.tls_cert_file),
         )
 
     async def stop(self) -> None:

@@ -18,6 +18,8 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "cpu+hpa": ("cpu", ("hpa",)),
     "cpu+external-etcd": ("cpu", ("external-etcd",)),
     "cpu+ingress-tls": ("cpu", ("ingress-tls",)),
+    "cpu+internal-tls": ("cpu", ("internal-tls",)),
+    "gpu+internal-tls": ("gpu", ("internal-tls",)),
 }
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
 
