@@ -25,6 +25,7 @@ SOURCES = tuple(
     for name in (
         "paged_attention.c",
         "paged_decode_bf16.c",
+        "paged_decode_avx2.c",
         "kv_write.c",
         "paged_prefill.c",
         "paged_prefill_avx512.c",

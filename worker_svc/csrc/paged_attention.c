@@ -19,7 +19,7 @@
  * too) take dot-product bodies that never widen K or V to float32.
  *
  * This file: the entry points, the dispatch and the float32/generic bodies (AVX-512 and plain).
- * The AVX512-BF16 bodies: paged_decode_bf16.c; what both share: paged_attention.h; the KV
+ * The AVX2 body: paged_decode_avx2.c. The AVX512-BF16 bodies: paged_decode_bf16.c; what both share: paged_attention.h; the KV
  * write (write_kv): kv_write.c.
  */
 #include "paged_attention.h"
@@ -267,6 +267,9 @@ static int paged_decode(const Args *a, int64_t rows) {
         if (!ok) return -2;
     }
     int failed = 0;
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+    if (paged_decode_avx2_applies(a)) return paged_decode_avx2(a, rows);
+#endif
 #if defined(__AVX512F__)
     if (vectorised) { /* one work item per request row, every kv head */
 #pragma omp parallel

@@ -45,6 +45,11 @@ static inline int64_t block_offset(const Args *a, const int64_t *blocks, int64_t
 
 static inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+INTERNAL int paged_decode_avx2_applies(const Args *a);
+INTERNAL int paged_decode_avx2(const Args *a, int64_t rows);
+#endif
+
 #if defined(__AVX512F__)
 /* The sums of 16 vectors, as the 16 lanes of one (lane i = sum of v[i]): a transpose-and-add
  * tree, ~2 shuffles per vector where a reduction per vector costs ~4. */
