@@ -40,7 +40,7 @@ from peers_lib.servers import Process, free_port, wait_until  # noqa: E402
 from bench.serve import BenchRequest, GrpcBackend  # noqa: E402
 from common import event_loop  # noqa: E402
 
-DEFAULT_SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'
+DEFAULT_SPEC = '{"method": "ngram", "num_speculative_tokens": 6}'
 console = Console(stderr=True)
 
 
@@ -49,7 +49,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--concurrency", default="1,4,16,64", help="comma list of concurrent streams")
     p.add_argument("--workloads", default="repetitive,w64", help="comma list: repetitive, w64")
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
-    p.add_argument("--min-requests", type=int, default=8, help="requests per row at least")
+    p.add_argument("--min-requests", type=int, default=16, help="requests per row at least")
     p.add_argument("--spec", default=DEFAULT_SPEC, help="--speculative-config for the 'on' runs")
     p.add_argument("--threads", type=int, default=2, help="the worker's torch threads")
     p.add_argument("--dtype", default="float32")
@@ -151,6 +151,8 @@ def counter(text: str, name: str) -> float:
 
 
 COUNTERS = (
+    "spec_decode_num_drafts",
+    "scheduler_steps",
     "spec_decode_num_draft_tokens",
     "spec_decode_num_accepted_tokens",
     "spec_decode_draft_seconds",
@@ -199,7 +201,12 @@ def measure(server: Server, prompts: list[list[int]], c: int, args) -> dict:
         "requests": n,
         "out_tok_s": tokens / seconds,
         "tpot_p50_ms": 1e3 * statistics.median(tpots),
+        "ttft_p50_s": statistics.median(r.ttft for r in results),
+        "e2e_p50_s": statistics.median(r.e2e for r in results),
+        "seconds": seconds,
         "drafted": drafted,
+        "verifications": delta["spec_decode_num_drafts"],
+        "steps": delta["scheduler_steps"],
         "accepted": delta["spec_decode_num_accepted_tokens"],
         "acceptance": delta["spec_decode_num_accepted_tokens"] / drafted if drafted else None,
         "draft_share": delta["spec_decode_draft_seconds"] / delta["step_time_seconds"]

@@ -33,7 +33,7 @@ from scheduler_svc.core.policy import create_policy
 from scheduler_svc.core.preemption_cost import PreemptionCostModel
 from scheduler_svc.core.request import FinishReason, Request, RequestStatus
 from scheduler_svc.core.request_queue import RequestQueue, create_request_queue
-from scheduler_svc.core.speculative import create_proposer, drafts_allowed
+from scheduler_svc.core.speculative import Proposer, create_proposer, drafts_allowed
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.core.step_state import StepState
 from scheduler_svc.core.validation import validate_request
@@ -292,6 +292,8 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         proposer = self._proposer
         if proposer is not None and len(running) > self._spec_max_batch:
             proposer = None  # a large batch is bound by arithmetic: drafts would cost
+        if proposer is not None and self._awaiting_drafter(proposer):
+            return  # one whole batch once its tokens are back, not half batches taking turns
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -464,6 +466,13 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
         self.waiting.prepend(victim)
+
+    def _awaiting_drafter(self, proposer: Proposer) -> bool:
+        """A running request that will draft has its last token still on its way."""
+        return any(
+            r.num_output_placeholders and drafts_allowed(r) and proposer.active(r)
+            for r in self.running
+        )
 
     def _drafts_in_flight(self, request_id: str) -> bool:
         return any(request_id in drafts for drafts in self._spec_inflight.values())

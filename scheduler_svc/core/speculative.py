@@ -17,8 +17,9 @@ cannot pay: requests whose sampling needs what the worker only applies to single
 (penalties, logprobs, grammars), batches past `max_batch` running requests (the step is bound
 by arithmetic there, not by reading the weights), and requests whose drafts keep being rejected
 (their acceptance, tracked per request, below `min_acceptance`) or whose lookups keep finding
-nothing: those back off for BACK_OFF_STEPS steps. A request the proposer wants is not pipelined
-(its drafts must follow its latest token, so it waits for it); a backed-off one is.
+nothing: those back off for BACK_OFF_STEPS steps. While a request that drafts waits for its
+latest token (its drafts must follow it), no running request is scheduled ahead: steps stay whole
+batches, not two half batches taking turns, each reading every weight.
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ BACK_OFF_STEPS = 16  # steps a backed-off request decodes one token at a time, p
 @dataclass(slots=True, frozen=True)
 class SpeculativeConfig:
     method: str = "ngram"
-    num_speculative_tokens: int = 4  # most drafts per request per step
+    num_speculative_tokens: int = 6  # most drafts per request per step
     prompt_lookup_min: int = 2  # shortest suffix looked up
     prompt_lookup_max: int = 4  # longest suffix looked up (tried first)
-    max_batch: int = 16  # no drafting while more requests than this run
+    max_batch: int = 8  # no drafting while more requests than this run
     min_acceptance: float = 0.2  # a request's drafts back off below this acceptance rate
 
     def __post_init__(self) -> None:
@@ -80,6 +81,10 @@ class SpeculativeConfig:
 
 
 class Proposer(Protocol):
+    def active(self, request: Request) -> bool:
+        """Whether the request would draft at its next step (no side effects)."""
+        ...
+
     def wants(self, request: Request) -> bool:
         """Whether to draft for this request now (asked once per step it decodes in; a request
         the proposer wants waits for its last token instead of being pipelined)."""
@@ -116,6 +121,10 @@ class NgramProposer:
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
         self._states: dict[str, _NgramState] = {}
+
+    def active(self, request: Request) -> bool:
+        state = self._states.get(request.request_id)
+        return state is None or not state.skip
 
     def wants(self, request: Request) -> bool:
         state = self._states.get(request.request_id)

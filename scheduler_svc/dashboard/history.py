@@ -131,6 +131,9 @@ class DashboardHistory(EngineObserver):
                         "num_preemptions": stats.num_preemptions,
                         "num_steps": session.num_steps,
                         "prefix_cache_hit_rate": getattr(stats, "prefix_cache_hit_rate", 0.0),
+                        # speculative decoding: draft tokens verified and kept (0 when off)
+                        "spec_draft_tokens": getattr(stats, "num_spec_draft_tokens", 0),
+                        "spec_accepted_tokens": getattr(stats, "num_spec_accepted_tokens", 0),
                         "tokens_per_s": round(hist.tokens_per_s(now), 1),
                         "history": series,
                     }

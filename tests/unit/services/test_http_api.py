@@ -321,6 +321,9 @@ def test_metrics_move_with_requests():
     assert after["splitserve:num_requests_running|worker=w0"] == 0
     assert after["splitserve:num_preemptions_total|worker=w0"] == 0
     assert after["splitserve:step_time_seconds_count|worker=w0"] > 0
+    # speculative decoding is off here: its counters exist per worker, at 0
+    assert after["splitserve:spec_decode_num_draft_tokens_total|worker=w0"] == 0
+    assert after["splitserve:spec_decode_num_accepted_tokens_total|worker=w0"] == 0
 
 
 def test_dashboard_state_has_the_worker_and_its_step_history():
@@ -335,6 +338,7 @@ def test_dashboard_state_has_the_worker_and_its_step_history():
     assert "/dashboard/api/state" in page.text
     (w,) = state["workers"]
     assert w["worker_id"] == "w0" and w["num_total_blocks"] == 64
+    assert w["spec_draft_tokens"] == w["spec_accepted_tokens"] == 0  # speculation off
     hist = w["history"]
     assert sum(hist["prefill"]) == 40 and sum(hist["decode"]) == 2
     assert len(hist["t"]) == len(hist["kv"]) == len(hist["running"])

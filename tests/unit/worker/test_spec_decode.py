@@ -62,6 +62,8 @@ class Oracle:
     def wants(self, request):
         return True
 
+    active = wants
+
     def propose(self, request, max_tokens):
         done = len(request.output_token_ids)
         right = self.reference[request.request_id][done : done + min(self.k, max_tokens)]
@@ -145,6 +147,8 @@ def test_rejection_sampling_draws_from_the_model_distribution(runner, tiny_llama
     class Fixed:
         def wants(self, request):
             return True
+
+        active = wants
 
         def propose(self, request, max_tokens):
             return [draft] if not request.output_token_ids else []
