@@ -1,8 +1,8 @@
 """The native elementwise kernels (worker_svc/csrc/fused_ops.c): RMSNorm, residual add and
 RMSNorm in one pass, rotary, the SiLU-gated product and a row-wise argmax, float32 and bfloat16
 (rounded where torch's bfloat16 ops round). The native backend (worker_svc/ops/native.py) calls
-them; the library carrying them is built with AVX-512 (elsewhere they are absent and the
-reference ops run).
+them; the library has them at the avx2 level and up (fused_ops.c for AVX-512, fused_ops_avx2.c
+for AVX2 + FMA); below that the reference ops run.
 """
 
 from __future__ import annotations
