@@ -4,10 +4,11 @@
     .venv/bin/python bench/speculative.py --concurrency 1,4 --workloads repetitive --quick
     .venv/bin/python bench/speculative.py --json spec.json --plot docs/speculative.png
 
-Each setting (off, then on with --spec) is one `splitserve scheduler` + one `splitserve worker`
-process pair. For each workload and concurrency c, c streams run at once (closed loop: a stream
-sends its next request when its last one ends) over max(c, --min-requests) requests; greedy,
-EOS ignored. Workloads:
+Each setting (off, and on with --spec) is one `splitserve scheduler` + one `splitserve worker`
+process pair, both started at once. For each workload and concurrency c, c streams run at once
+(closed loop: a stream sends its next request when its last one ends) over max(c,
+--min-requests) requests; greedy, EOS ignored; off and on take turns, --repeats times each, so
+the machine's drift affects both alike, and each row keeps the median run. Workloads:
 - repetitive: chat prompts that ask SmolLM2 to quote its input (passages of bench/data/essays.txt)
   or to edit code and print it whole (snippets of this repository);
 - w64: the W64 prompts (bench/workloads/w64.json).
@@ -52,6 +53,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--min-requests", type=int, default=16, help="requests per row at least")
     p.add_argument("--spec", default=DEFAULT_SPEC, help="--speculative-config for the 'on' runs")
     p.add_argument("--threads", type=int, default=2, help="the worker's torch threads")
+    p.add_argument("--repeats", type=int, default=3, help="off/on turns per row (median kept)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--quick", action="store_true", help="fewer tokens and requests")
     p.add_argument("--json", type=Path, default=None)
@@ -223,15 +225,25 @@ def main() -> int:
     log_dir = args.log_dir or Path(f"/tmp/splitserve-spec-{int(time.time())}")
     log_dir.mkdir(parents=True, exist_ok=True)
     rows: dict[tuple[str, int], dict[str, dict]] = {}
-    for setting, spec in (("off", None), ("on", args.spec)):
-        server = Server(args, spec, log_dir)
-        try:
+    servers = {"off": Server(args, None, log_dir)}
+    try:
+        servers["on"] = Server(args, args.spec, log_dir)
+        for server in servers.values():
             event_loop.run(_warm(server.port))
-            for w in workloads:
-                for c in levels:
-                    console.print(f"[bold]{setting}[/] {w} x{c}")
-                    rows.setdefault((w, c), {})[setting] = measure(server, prompts[w], c, args)
-        finally:
+        for w in workloads:
+            for c in levels:
+                runs: dict[str, list[dict]] = {"off": [], "on": []}
+                for turn in range(args.repeats):
+                    for setting, server in servers.items():
+                        console.print(f"[bold]{setting}[/] {w} x{c} ({turn + 1}/{args.repeats})")
+                        runs[setting].append(measure(server, prompts[w], c, args))
+                rows[(w, c)] = {k: _median_run(v) for k, v in runs.items()}
+                rows[(w, c)]["ratios"] = [
+                    on["out_tok_s"] / off["out_tok_s"]
+                    for off, on in zip(runs["off"], runs["on"], strict=True)
+                ]
+    finally:
+        for server in servers.values():
             server.stop()
     table = Table(title=f"speculative decoding off / on ({args.spec}), {args.dtype}")
     for col in (
@@ -239,7 +251,7 @@ def main() -> int:
         "streams",
         "off tok/s",
         "on tok/s",
-        "on/off",
+        "on/off (turns)",
         "TPOT p50 off/on (ms)",
         "acceptance",
         "drafting share",
@@ -254,7 +266,9 @@ def main() -> int:
             str(c),
             f"{off['out_tok_s']:.1f}",
             f"{on['out_tok_s']:.1f}",
-            f"{on['out_tok_s'] / off['out_tok_s']:.2f}",
+            f"{on['out_tok_s'] / off['out_tok_s']:.2f} ("
+            + ", ".join(f"{x:.2f}" for x in r["ratios"])
+            + ")",
             f"{off['tpot_p50_ms']:.0f} / {on['tpot_p50_ms']:.0f}",
             acc,
             share,
@@ -270,6 +284,11 @@ def main() -> int:
     if args.plot:
         plot(rows, args.plot)
     return 0
+
+
+def _median_run(runs: list[dict]) -> dict:
+    ordered = sorted(runs, key=lambda r: r["out_tok_s"])
+    return ordered[len(ordered) // 2]
 
 
 async def _warm(port: int) -> None:

@@ -39,6 +39,7 @@ SOURCES = tuple(
 )
 HEADERS = (
     CSRC / "simd_math.h",
+    CSRC / "fused_ops_entries.h",
     CSRC / "amx_tiles.h",
     CSRC / "work_runs.h",
     CSRC / "paged_attention.h",

@@ -23,7 +23,7 @@ import torch
 from common.messages import SchedulerOutput
 from common.model_source import resolve_model
 from common.tokenizer import load_tokenizer
-from worker_svc import attention, cpu_caps, decode_stack, spec_decode, token_mask
+from worker_svc import cpu_caps, decode_stack, spec_decode, token_mask
 from worker_svc.config import GiB, ModelRunnerConfig
 from worker_svc.cost_probe import time_throwaway_prefill
 from worker_svc.cuda_graphs import DecodeGraphs
@@ -35,6 +35,7 @@ from worker_svc.model_loader import load_model, resolve_device, resolve_dtype
 from worker_svc.native_attention import PagedDecodeKernel
 from worker_svc.ops import NativeOps, select_ops
 from worker_svc.sampler import Sampler, SamplingMetadata, TokenLogprobs, token_masks
+from worker_svc.step_inputs import StepInputs, prepare_inputs
 from worker_svc.structured_output import StructuredOutputs
 
 log = logging.getLogger("splitserve.worker.model_runner")
@@ -48,22 +49,6 @@ class ModelRunnerOutput:
     logprobs: dict[str, list[TokenLogprobs]] | None = None
     forward_time_s: float = 0.0
     sample_time_s: float = 0.0
-
-
-@dataclass(slots=True)
-class _StepInputs:
-    req_ids: list[str]  # packed order
-    rows: np.ndarray  # batch rows, packed order
-    num_scheduled: np.ndarray
-    sample_mask: np.ndarray  # per packed request: does it sample this step
-    input_ids: torch.Tensor  # [T]
-    positions: torch.Tensor  # [T]
-    logits_index: torch.Tensor  # [S] packed index of each sampling request's last token
-    meta: attention.AttentionMetadata | None  # None: the step replays a decode graph
-    graph_step: tuple[np.ndarray, ...] | None = None  # DecodeGraphs.run's arguments
-    # speculative decoding: per packed request its drafts ([] none); logits_index then covers
-    # every position of a request with drafts (1 + k rows) and one of any other that samples
-    drafts: list[list[int]] | None = None
 
 
 class ModelRunner:
@@ -250,7 +235,7 @@ class ModelRunner:
         if not so.num_scheduled_tokens:
             return ModelRunnerOutput({})
         started = time.perf_counter()
-        inputs = self._prepare_inputs(so)
+        inputs = prepare_inputs(self, so)
         with torch.inference_mode():
             if inputs.graph_step is not None:
                 logits = self.decode_graphs.run(*inputs.graph_step)
@@ -289,7 +274,7 @@ class ModelRunner:
         return ModelRunnerOutput(out, logprobs, forwarded - started, done - forwarded)
 
     def _sample_and_verify(
-        self, inputs: _StepInputs, logits: torch.Tensor, started: float, forwarded: float
+        self, inputs: StepInputs, logits: torch.Tensor, started: float, forwarded: float
     ) -> ModelRunnerOutput:
         """A step with drafts: a request without them samples its token as in any step; one
         with them keeps what verification accepts (spec_decode.py), 1 to k + 1 tokens."""
@@ -353,7 +338,7 @@ class ModelRunner:
         return ModelRunnerOutput(out, logprobs, forwarded - started, done - forwarded)
 
     def _constrain(
-        self, inputs: _StepInputs, meta: SamplingMetadata, sample_mask: np.ndarray | None = None
+        self, inputs: StepInputs, meta: SamplingMetadata, sample_mask: np.ndarray | None = None
     ) -> list[str]:
         """Put the grammar masks of the constrained rows that sample into `meta`; returns the
         ids of the requests that sample, in sampling order."""
@@ -399,106 +384,6 @@ class ModelRunner:
             else:
                 batch.append_blocks(cached.request_id, cached.new_block_ids)
                 batch.set_num_computed(cached.request_id, cached.num_computed_tokens)
-
-    def _prepare_inputs(self, so: SchedulerOutput) -> _StepInputs:
-        batch, bs = self.batch, self.config.block_size
-        req_ids = list(so.num_scheduled_tokens)
-        rows = np.fromiter((batch.row(r) for r in req_ids), dtype=np.int64, count=len(req_ids))
-        n = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64, count=len(req_ids))
-        c = batch.num_computed[rows]
-        known = batch.num_tokens[rows]
-        spec = so.spec_token_ids
-        drafts = None
-        if spec:  # the drafts sit after the known tokens for this step's inputs
-            drafts = [spec.get(r, []) for r in req_ids]
-            extra = np.fromiter(map(len, drafts), dtype=np.int64, count=len(req_ids))
-            if (known + extra > batch.token_ids.shape[1]).any():
-                raise ValueError("drafted tokens past max_model_len")
-            for row, k, d in zip(rows.tolist(), known.tolist(), drafts, strict=True):
-                if d:
-                    batch.token_ids[row, k : k + len(d)] = d
-            known = known + extra
-        if (n <= 0).any() or (c + n > known).any():
-            bad = [
-                r for r, a, b, k in zip(req_ids, c, n, known, strict=True) if b <= 0 or a + b > k
-            ]
-            raise ValueError(f"scheduled tokens outside the known tokens for {bad}")
-        if (c + n > bs * batch.num_blocks[rows]).any():
-            raise ValueError("scheduled tokens past the end of a request's block table")
-        total = int(n.sum())
-        if total > self.config.max_num_batched_tokens:
-            raise ValueError(f"{total} tokens > max_num_batched_tokens")
-        # decodes first, by context length; then prefill chunks
-        decodes = np.flatnonzero(n == 1)
-        decodes = decodes[np.argsort(c[decodes], kind="stable")]
-        order = np.concatenate([decodes, np.flatnonzero(n != 1)])
-        rows, n, c, known = rows[order], n[order], c[order], known[order]
-        req_ids = [req_ids[i] for i in order.tolist()]
-        if drafts is not None:
-            drafts = [drafts[i] for i in order.tolist()]
-
-        ends = np.cumsum(n)
-        token_req = np.repeat(np.arange(len(rows)), n)
-        positions = np.arange(total) - np.repeat(ends - n, n) + c[token_req]
-        token_rows = rows[token_req]
-        input_ids = batch.token_ids[token_rows, positions]
-        slots = batch.block_table[token_rows, positions // bs] * bs + positions % bs
-        sample_mask = c + n == known
-        max_blocks = -(-int((c + n).max()) // bs)
-        dev = self.device
-        logits_index = ends[sample_mask] - 1
-        if drafts is not None:  # every position of a request with drafts
-            counts = np.where(sample_mask, 1 + np.fromiter(map(len, drafts), np.int64), 0)
-            firsts = np.repeat(ends - counts, counts)
-            logits_index = (
-                firsts + np.arange(len(firsts)) - np.repeat(np.cumsum(counts) - counts, counts)
-            )
-        graphs = self.decode_graphs
-        if (
-            graphs is not None
-            and len(decodes) == len(rows)
-            and sample_mask.all()
-            and graphs.bucket(len(rows), max_blocks) is not None
-        ):
-            table = batch.block_table[rows, :max_blocks]
-            return _StepInputs(
-                req_ids=req_ids,
-                rows=rows,
-                num_scheduled=n,
-                sample_mask=sample_mask,
-                input_ids=torch.from_numpy(input_ids),
-                positions=torch.from_numpy(positions),
-                logits_index=torch.from_numpy(ends - 1),
-                meta=None,
-                graph_step=(input_ids, positions, slots, table, c + 1),
-            )
-        slot_mapping = torch.from_numpy(slots).to(dev, non_blocking=True)
-        meta = attention.build_metadata(
-            key_caches=self.kv_cache.key_caches,
-            value_caches=self.kv_cache.value_caches,
-            block_size=bs,
-            block_table=batch.block_table[rows, :max_blocks],
-            num_computed=c,
-            num_scheduled=n,
-            num_decodes=len(decodes),
-            decode_group_size=self.config.decode_group_size,
-            slot_mapping=slot_mapping,
-            dtype=self.dtype,
-            device=dev,
-            decode_kernel=self.ops.attention_kernel,
-            native_prefill=self.ops.native_prefill,
-        )
-        return _StepInputs(
-            req_ids=req_ids,
-            rows=rows,
-            num_scheduled=n,
-            sample_mask=sample_mask,
-            input_ids=torch.from_numpy(input_ids).to(dev, non_blocking=True),
-            positions=torch.from_numpy(positions).to(dev, non_blocking=True),
-            logits_index=torch.from_numpy(logits_index).to(dev, non_blocking=True),
-            meta=meta,
-            drafts=drafts,
-        )
 
     # --- sizing ---
 

@@ -13,7 +13,7 @@ from scheduler_svc.core.stopping import check_stop
 if TYPE_CHECKING:
     from scheduler_svc.core.kv_cache_manager import KVCacheManager
     from scheduler_svc.core.request_queue import RequestQueue
-    from scheduler_svc.core.speculative import Proposer
+    from scheduler_svc.core.speculative import Proposer, SpecCounters
 
 _RUNNING = RequestStatus.RUNNING
 _FINISHED = RequestStatus.FINISHED
@@ -34,10 +34,7 @@ class OutputProcessorMixin:
     _num_finished: int
     _proposer: Proposer | None
     _spec_inflight: dict[int, dict[str, int]]
-    _num_drafts: int
-    _num_draft_tokens: int
-    _num_accepted_tokens: int
-    _accepted_per_pos: list[int]
+    _spec_counts: SpecCounters
 
     def update_from_output(
         self, out: SchedulerOutput, sampled: Mapping[str, Sequence[int]]
@@ -130,12 +127,7 @@ class OutputProcessorMixin:
             accepted = min(len(tokens) - 1, k)
             req.num_computed_tokens -= k - accepted
             self.kv.trim(req)
-            self._num_drafts += 1
-            self._num_draft_tokens += k
-            self._num_accepted_tokens += accepted
-            per_pos = self._accepted_per_pos
-            for i in range(accepted):
-                per_pos[i] += 1
+            self._spec_counts.verified(k, accepted)
             if self._proposer is not None:
                 self._proposer.record(req, k, accepted)
 

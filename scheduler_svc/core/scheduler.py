@@ -33,7 +33,12 @@ from scheduler_svc.core.policy import create_policy
 from scheduler_svc.core.preemption_cost import PreemptionCostModel
 from scheduler_svc.core.request import FinishReason, Request, RequestStatus
 from scheduler_svc.core.request_queue import RequestQueue, create_request_queue
-from scheduler_svc.core.speculative import Proposer, create_proposer, drafts_allowed
+from scheduler_svc.core.speculative import (
+    Proposer,
+    SpecCounters,
+    create_proposer,
+    drafts_allowed,
+)
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.core.step_state import StepState
 from scheduler_svc.core.validation import validate_request
@@ -106,12 +111,7 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         self._max_drafts = spec.num_speculative_tokens if spec is not None else 0
         self._spec_max_batch = spec.max_batch if spec is not None else 0
         self._spec_inflight: dict[int, dict[str, int]] = {}  # step -> request -> drafts sent
-        self._num_drafts = 0  # verifications (requests x steps with drafts)
-        self._num_draft_tokens = 0
-        self._num_accepted_tokens = 0
-        self._accepted_per_pos = [0] * self._max_drafts
-        self._draft_time_s = 0.0  # spent proposing, inside schedule()
-        self._num_lookups = 0  # propose() calls
+        self._spec_counts = SpecCounters(accepted_per_pos=[0] * self._max_drafts)
 
     # ---- requests --------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -321,8 +321,8 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
                 if room > 0:
                     drafting = perf_counter()
                     drafts = proposer.propose(req, room) or None
-                    self._draft_time_s += perf_counter() - drafting
-                    self._num_lookups += 1
+                    self._spec_counts.draft_time_s += perf_counter() - drafting
+                    self._spec_counts.lookups += 1
                     if drafts is not None:
                         n += len(drafts)
             if threshold and n > threshold:
@@ -490,6 +490,7 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
     def stats(self) -> SchedulerStats:
         pool = self.kv.pool
         queries = self._prefix_queries
+        spec = self._spec_counts
         return SchedulerStats(
             num_running=len(self.running),
             num_waiting=len(self.waiting),
@@ -515,10 +516,10 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
             num_free_host_blocks=self.kv.host_pool.num_free_blocks,
             num_total_host_blocks=self.kv.host_pool.num_blocks,
             prefix_cache_hit_rate=self._prefix_hits / queries if queries else 0.0,
-            num_spec_drafts=self._num_drafts,
-            num_spec_draft_tokens=self._num_draft_tokens,
-            num_spec_accepted_tokens=self._num_accepted_tokens,
-            spec_accepted_per_pos=list(self._accepted_per_pos),
-            spec_draft_time_s=self._draft_time_s,
-            num_spec_lookups=self._num_lookups,
+            num_spec_drafts=spec.drafts,
+            num_spec_draft_tokens=spec.draft_tokens,
+            num_spec_accepted_tokens=spec.accepted_tokens,
+            spec_accepted_per_pos=list(spec.accepted_per_pos),
+            spec_draft_time_s=spec.draft_time_s,
+            num_spec_lookups=spec.lookups,
         )

@@ -17,7 +17,8 @@ cannot pay: requests whose sampling needs what the worker only applies to single
 (penalties, logprobs, grammars), batches past `max_batch` running requests (the step is bound
 by arithmetic there, not by reading the weights), and requests whose drafts keep being rejected
 (their acceptance, tracked per request, below `min_acceptance`) or whose lookups keep finding
-nothing: those back off for BACK_OFF_STEPS steps. While a request that drafts waits for its
+nothing (MAX_MISSES in a row): those back off for BACK_OFF_STEPS steps, and a lookup that found
+nothing skips one. While a request that drafts waits for its
 latest token (its drafts must follow it), no running request is scheduled ahead: steps stay whole
 batches, not two half batches taking turns, each reading every weight.
 """
@@ -25,15 +26,15 @@ batches, not two half batches taking turns, each reading every weight.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from scheduler_svc.core.errors import SchedulerConfigError
 from scheduler_svc.core.request import Request
 
 METHODS = ("ngram",)
-MAX_MISSES = 4  # lookups in a row without a match before a request backs off
-BACK_OFF_STEPS = 16  # steps a backed-off request decodes one token at a time, pipelined
+MAX_MISSES = 8  # lookups in a row without a match before a request backs off
+BACK_OFF_STEPS = 4  # steps a backed-off request decodes one token at a time, pipelined
 
 
 @dataclass(slots=True, frozen=True)
@@ -78,6 +79,28 @@ class SpeculativeConfig:
                 f"--speculative-config: unknown keys {unknown}; known: {sorted(known)}"
             )
         return cls(**raw)
+
+
+@dataclass(slots=True)
+class SpecCounters:
+    """What drafting and verification came to, for stats and metrics."""
+
+    drafts: int = 0  # verifications (requests x steps with drafts)
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)  # kept at draft position i
+    draft_time_s: float = 0.0  # spent proposing, inside schedule()
+    lookups: int = 0  # propose() calls
+
+    def verified(self, num_drafted: int, num_accepted: int) -> None:
+        self.drafts += 1
+        self.draft_tokens += num_drafted
+        self.accepted_tokens += num_accepted
+        per_pos = self.accepted_per_pos
+        if len(per_pos) < num_drafted:
+            per_pos.extend([0] * (num_drafted - len(per_pos)))
+        for i in range(num_accepted):
+            per_pos[i] += 1
 
 
 class Proposer(Protocol):
@@ -152,7 +175,10 @@ class NgramProposer:
                 state.misses = 0
                 return tokens[found : found + max_tokens]
         state.misses += 1
-        if state.misses >= MAX_MISSES:  # no repetition to draw on: pipeline it for a while
+        # pipelined for the next step (no whole-batch wait on a request with nothing to draft);
+        # after MAX_MISSES in a row, for a while
+        state.skip = 1
+        if state.misses >= MAX_MISSES:  # no repetition to draw on
             state.misses, state.skip = 0, BACK_OFF_STEPS
         return []
 
