@@ -176,6 +176,20 @@ class InputBatch:
             if state is not None and state.output_counts is not None:
                 state.output_counts[tok] += 1
 
+    def keep_verified(
+        self, row: int, tokens: list[int], num_rejected: int, block_size: int
+    ) -> None:
+        """A row that scored drafts: the rejected positions' KV is garbage (computed again when
+        reached), and the blocks past its computed tokens go, as the scheduler's kv.trim gives
+        them back; then its kept tokens are stored."""
+        if num_rejected:
+            self.num_computed[row] -= num_rejected
+            keep = -(-int(self.num_computed[row]) // block_size)
+            self.num_blocks[row] = min(int(self.num_blocks[row]), keep)
+        one = np.array([row])
+        for tok in tokens:
+            self.append_tokens(one, [tok])
+
     def sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
         """The sampling parameters of `rows` (in this order) as tensors; None where unused."""
         dev = self.device

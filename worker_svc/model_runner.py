@@ -130,8 +130,6 @@ class ModelRunner:
             num_host,
             self.kernels,
         )
-        ops = "; ".join(f"{op}: {kernel}" for op, kernel in self.ops.describe().items())
-        log.info("%s backend, %s: %s", self.ops.name, self.model.spec.architecture, ops)
 
     # --- what the scheduler needs to know ---
 
@@ -174,6 +172,7 @@ class ModelRunner:
             f"{cpu_caps.capabilities().level} linear={self.linear_kind} "
             f"decode-attention={'native' if self.decode_kernel else 'torch'} "
             f"prefill-attention={'native' if self.native_prefill else 'sdpa'} "
+            f"elementwise={'native' if self.ops.fused else 'torch'} "
             f"forward={self.forward_path}"
         )
 
@@ -248,30 +247,37 @@ class ModelRunner:
             forwarded = time.perf_counter()
             if inputs.drafts is not None:
                 return self._sample_and_verify(inputs, logits, started, forwarded)
-            sample_rows = inputs.rows[inputs.sample_mask]
-            meta = self.batch.sampling_metadata(sample_rows)
-            sample_ids = self._constrain(inputs, meta) if self.structured.active else None
-            sampled = self.sampler(logits, meta)
-            tokens = sampled.token_ids.tolist()
-            if sample_ids is not None:  # queues the next masks: they fill during the next forward
-                self.structured.advance(sample_ids, tokens)
+            tokens, logprobs = self._sample(inputs, logits, inputs.sample_mask)
         done = time.perf_counter()
 
         self.batch.num_computed[inputs.rows] += inputs.num_scheduled
-        self.batch.append_tokens(sample_rows, tokens)
+        self.batch.append_tokens(inputs.rows[inputs.sample_mask], tokens)
         out: dict[str, list[int]] = {}
-        logprobs: dict[str, list[TokenLogprobs]] | None = None
         k = 0
         for req_id, samples in zip(inputs.req_ids, inputs.sample_mask.tolist(), strict=True):
-            if not samples:
+            if samples:
+                out[req_id] = [tokens[k]]
+                k += 1
+            else:
                 out[req_id] = []
-                continue
-            out[req_id] = [tokens[k]]
-            if sampled.logprobs is not None and sampled.logprobs[k] is not None:
-                logprobs = logprobs if logprobs is not None else {}
-                logprobs[req_id] = [sampled.logprobs[k]]
-            k += 1
         return ModelRunnerOutput(out, logprobs, forwarded - started, done - forwarded)
+
+    def _sample(
+        self, inputs: StepInputs, logits: torch.Tensor, mask: np.ndarray
+    ) -> tuple[list[int], dict[str, list[TokenLogprobs]] | None]:
+        """One token for each packed request in `mask` (logits: their rows, in packed order),
+        and the logprobs of those that asked."""
+        meta = self.batch.sampling_metadata(inputs.rows[mask])
+        sample_ids = self._constrain(inputs, meta, mask) if self.structured.active else None
+        sampled = self.sampler(logits, meta)
+        tokens = sampled.token_ids.tolist()
+        if sample_ids is not None:  # queues the next masks: they fill during the next forward
+            self.structured.advance(sample_ids, tokens)
+        logprobs = None
+        if sampled.logprobs is not None:
+            req_ids = [r for r, m in zip(inputs.req_ids, mask.tolist(), strict=True) if m]
+            logprobs = {r: [lp] for r, lp in zip(req_ids, sampled.logprobs, strict=True) if lp}
+        return tokens, logprobs or None
 
     def _sample_and_verify(
         self, inputs: StepInputs, logits: torch.Tensor, started: float, forwarded: float
@@ -280,36 +286,22 @@ class ModelRunner:
         with them keeps what verification accepts (spec_decode.py), 1 to k + 1 tokens."""
         drafts = inputs.drafts
         assert drafts is not None
-        samples = inputs.sample_mask.tolist()
         plain, spec, plain_pos, spec_pos = [], [], [], []  # packed requests, logits rows
         pos = 0
-        for i, (s, d) in enumerate(zip(samples, drafts, strict=True)):
+        for i, (s, d) in enumerate(zip(inputs.sample_mask.tolist(), drafts, strict=True)):
             if not s:
                 continue
-            if d:
-                spec.append(i)
-                spec_pos.extend(range(pos, pos + 1 + len(d)))
-                pos += 1 + len(d)
-            else:
-                plain.append(i)
-                plain_pos.append(pos)
-                pos += 1
+            rows = range(pos, pos + 1 + len(d))
+            (spec if d else plain).append(i)
+            (spec_pos if d else plain_pos).extend(rows)
+            pos = rows.stop
         kept: dict[int, list[int]] = {}
-        logprobs: dict[str, list[TokenLogprobs]] | None = None
+        logprobs = None
         if plain:
-            mask = np.zeros(len(samples), dtype=bool)
+            mask = np.zeros(len(drafts), dtype=bool)
             mask[plain] = True
-            meta = self.batch.sampling_metadata(inputs.rows[mask])
-            sample_ids = self._constrain(inputs, meta, mask) if self.structured.active else None
-            sampled = self.sampler(logits[plain_pos], meta)
-            tokens = sampled.token_ids.tolist()
-            if sample_ids is not None:
-                self.structured.advance(sample_ids, tokens)
-            for j, i in enumerate(plain):
-                kept[i] = [tokens[j]]
-                if sampled.logprobs is not None and sampled.logprobs[j] is not None:
-                    logprobs = logprobs if logprobs is not None else {}
-                    logprobs[inputs.req_ids[i]] = [sampled.logprobs[j]]
+            tokens, logprobs = self._sample(inputs, logits[plain_pos], mask)
+            kept.update((i, [t]) for i, t in zip(plain, tokens, strict=True))
         if spec:
             counts = [1 + len(drafts[i]) for i in spec]
             meta = self.batch.sampling_metadata(np.repeat(inputs.rows[spec], counts))
@@ -318,32 +310,19 @@ class ModelRunner:
             )
             kept.update(zip(spec, verified, strict=True))
         done = time.perf_counter()
-        batch = self.batch
-        batch.num_computed[inputs.rows] += inputs.num_scheduled
+        self.batch.num_computed[inputs.rows] += inputs.num_scheduled
         out: dict[str, list[int]] = {}
         for i, req_id in enumerate(inputs.req_ids):
-            tokens = kept.get(i, [])
-            out[req_id] = tokens
-            if not tokens:
-                continue
-            row = inputs.rows[i : i + 1]
-            rejected = len(drafts[i]) - (len(tokens) - 1)
-            if rejected:  # their positions' KV is garbage: computed again when reached
-                batch.num_computed[row] -= rejected
-                # the scheduler gives back the blocks past the computed tokens (kv.trim)
-                keep = -(-int(batch.num_computed[row][0]) // self.block_size)
-                batch.num_blocks[row] = np.minimum(batch.num_blocks[row], keep)
-            for tok in tokens:
-                batch.append_tokens(row, [tok])
+            out[req_id] = tokens = kept.get(i, [])
+            if tokens:
+                rejected = len(drafts[i]) - (len(tokens) - 1)
+                self.batch.keep_verified(int(inputs.rows[i]), tokens, rejected, self.block_size)
         return ModelRunnerOutput(out, logprobs, forwarded - started, done - forwarded)
 
-    def _constrain(
-        self, inputs: StepInputs, meta: SamplingMetadata, sample_mask: np.ndarray | None = None
-    ) -> list[str]:
-        """Put the grammar masks of the constrained rows that sample into `meta`; returns the
-        ids of the requests that sample, in sampling order."""
-        samples = (inputs.sample_mask if sample_mask is None else sample_mask).tolist()
-        sample_ids = [r for r, s in zip(inputs.req_ids, samples, strict=True) if s]
+    def _constrain(self, inputs: StepInputs, meta: SamplingMetadata, mask: np.ndarray) -> list[str]:
+        """Put the grammar masks of the constrained requests in `mask` into `meta`; returns the
+        ids of the requests in `mask`, in sampling order."""
+        sample_ids = [r for r, s in zip(inputs.req_ids, mask.tolist(), strict=True) if s]
         picked = self.structured.masks(sample_ids)
         if picked is not None:
             positions, masks = picked

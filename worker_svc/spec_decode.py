@@ -27,35 +27,34 @@ def verify(
     sampler: Sampler,
 ) -> list[list[int]]:
     """The tokens each request keeps (accepted drafts, then one token of its own)."""
+    picks = torch.max(logits, dim=-1).indices.tolist()  # the greedy rows' verdicts
+    temperature = None if meta.all_greedy else meta.temperature
+    probs = None if temperature is None else sampler.probabilities(logits.float(), meta)
     out: list[list[int]] = []
-    greedy_rows = meta.all_greedy or meta.temperature is None
-    if greedy_rows:
-        targets = torch.max(logits, dim=-1).indices.tolist()
-        probs = None
-    else:
-        probs = sampler.probabilities(logits.float(), meta)
-        targets = None
     start = 0
     for row_drafts in drafts:
-        k = len(row_drafts)
-        if targets is not None or _is_greedy(meta, start):
-            picks = targets[start : start + k + 1] if targets is not None else None
-            if picks is None:
-                picks = torch.max(logits[start : start + k + 1], dim=-1).indices.tolist()
-            kept = []
-            for i in range(k + 1):
-                kept.append(picks[i])
-                if i == k or picks[i] != row_drafts[i]:
-                    break
+        end = start + len(row_drafts) + 1
+        if probs is None or float(temperature[start]) == 0.0:
+            out.append(_greedy_prefix(picks[start:end], row_drafts))
         else:
-            kept = _rejection_sample(probs[start : start + k + 1], row_drafts, meta, start, sampler)
-        out.append(kept)
-        start += k + 1
+            out.append(_rejection_sample(probs[start:end], row_drafts, meta, start, sampler))
+        start = end
     return out
 
 
-def _is_greedy(meta: SamplingMetadata, row: int) -> bool:
-    return meta.temperature is not None and float(meta.temperature[row]) == 0.0
+def _greedy_prefix(picks: list[int], drafts: list[int]) -> list[int]:
+    """The drafts while each is the argmax before it, then the first argmax that differs (or
+    the one after the last draft)."""
+    kept = []
+    for pick, draft in zip(picks, [*drafts, None], strict=True):
+        kept.append(pick)
+        if pick != draft:
+            break
+    return kept
+
+
+def _uniform(generator: torch.Generator) -> torch.Tensor:
+    return torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device)
 
 
 def _rejection_sample(
@@ -64,10 +63,7 @@ def _rejection_sample(
     generator = meta.generators.get(row, sampler.generator)
     kept: list[int] = []
     for i, draft in enumerate(drafts):
-        u = float(
-            torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device)[0]
-        )
-        if u < float(probs[i, draft]):
+        if float(_uniform(generator)[0]) < float(probs[i, draft]):
             kept.append(draft)
             continue
         residual = probs[i : i + 1].clone()
@@ -75,9 +71,7 @@ def _rejection_sample(
         if float(residual.sum()) <= 0.0:  # the draft held all the mass: it was accepted above
             kept.append(draft)
             continue
-        v = torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device)
-        kept.append(int(_inverse_cdf(residual, v)[0]))
+        kept.append(int(_inverse_cdf(residual, _uniform(generator))[0]))
         return kept
-    v = torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device)
-    kept.append(int(_inverse_cdf(probs[len(drafts) : len(drafts) + 1], v)[0]))
+    kept.append(int(_inverse_cdf(probs[len(drafts) :], _uniform(generator))[0]))
     return kept

@@ -1,7 +1,6 @@
 """The table of ops the model implementation (worker_svc.model) is written over, and its backends.
 
     ops = select_ops(device, dtype, kernels="native", quantization="none")
-    ops.describe()   # op family -> what runs it
 
 Ops: linear (and q/k/v as one GEMM, the SiLU-gated product), RMSNorm, residual add + RMSNorm,
 rotary, paged attention (worker_svc.attention, with the backend's kernel), argmax for greedy

@@ -2,7 +2,7 @@
 reference one where its kernel is missing here or does not take the inputs.
 
 Chosen once at load (worker_svc.ops.select): the linear kind from the dtype, the quantization
-and the CPU (native_linear.py), the fused elementwise kernels (fused_ops.py, AVX-512 builds),
+and the CPU (native_linear.py), the fused elementwise kernels (fused_ops.py, avx2 level and up),
 the paged attention kernels reading K/V in place through the block table (native_attention.py;
 the prefill one in AVX-512 builds, SDPA per chunk elsewhere).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from worker_svc import cpu_caps, fused_ops, native_attention, quantization
+from worker_svc import fused_ops, native_attention, packed_gemm, quantization
 from worker_svc.ops import native_linear
 from worker_svc.ops.native_linear import AMX_MAX_ROWS, AmxLinear
 from worker_svc.ops.reference import Linear, ReferenceOps, SplitLinear
@@ -79,7 +79,7 @@ class NativeOps(ReferenceOps):
         self, weights: list[torch.Tensor], biases: list[torch.Tensor | None]
     ) -> SplitLinear | SeparateLinears:
         if self.linear_kind in ("native-packed", "int8-packed"):
-            width = native_linear.packed_gemm.load().panel_width
+            width = packed_gemm.load().panel_width
             if any(w.shape[0] % width for w in weights):
                 pairs = zip(weights, biases, strict=True)
                 return SeparateLinears([self.linear(w, b) for w, b in pairs])
@@ -124,22 +124,3 @@ class NativeOps(ReferenceOps):
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor | None:
         return None if self.fused is None else self.fused.argmax(logits)
-
-    def describe(self) -> dict[str, str]:
-        kernel = self.attention_kernel
-        decode = "native paged" if kernel is not None else "torch SDPA over gathered blocks"
-        if kernel is not None and kernel.bf16_dot and self.dtype == torch.bfloat16:
-            decode += " (AVX512-BF16 bodies)"
-        prefill = "native paged" if self.native_prefill else "torch SDPA per chunk"
-        if self.native_prefill and kernel.amx_prefill and self.dtype == torch.bfloat16:
-            prefill += " (AMX tiles)"
-        linear = native_linear.KINDS[self.linear_kind]
-        if self.linear_kind == "native-packed" and self.dtype == torch.bfloat16:
-            linear += ", bfloat16 widened to float32"
-        return {
-            "cpu level": cpu_caps.capabilities().describe(),
-            "linear": linear,
-            "norms, rotary, SiLU product": "native fused" if self.fused else "torch",
-            "decode attention": decode,
-            "prefill attention": prefill,
-        }

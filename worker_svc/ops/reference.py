@@ -109,16 +109,6 @@ class ReferenceOps:
         """A native row-wise argmax where there is one; None: the sampler uses torch's."""
         return None
 
-    def describe(self) -> dict[str, str]:
-        """Op family -> what runs it (logged at start, shown by --print-capabilities)."""
-        torch_ops = f"torch ({self.device.type})"
-        return {
-            "linear": torch_ops,
-            "norms, rotary, SiLU product": torch_ops,
-            "decode attention": "torch SDPA over gathered blocks",
-            "prefill attention": "torch SDPA per chunk",
-        }
-
 
 def _joined(
     weights: list[torch.Tensor], biases: list[torch.Tensor | None]
