@@ -73,8 +73,7 @@ class ServingEngine:
         # a tenant's TTFT and TPOT targets, for its requests that set none of their own
         self.tenant_ttft = parse_tenant_seconds(config.tenant_ttft_targets, "--tenant-ttft-targets")
         self.tenant_tpot = parse_tenant_seconds(config.tenant_tpot_targets, "--tenant-tpot-targets")
-        spec = config.speculative_config.strip()
-        self._speculative = SpeculativeConfig.from_json(spec) if spec else None
+        self._speculative = SpeculativeConfig.from_flag(config.speculative_config)
         self.frontends: dict[str, Any] = {}  # front-end id -> its FrontendSession (remote ones)
         # a new leader rebuilding (scheduler_svc/takeover.py): nothing is dispatched until the
         # workers and front-ends of the old leader have reported what they hold

@@ -44,10 +44,6 @@ EXIT_DEPOSED = 3  # this scheduler led and lost its lease (or etcd): start it ag
 WORKER_LINK_MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a step may carry many long new prompts
 
 
-def speculative_config(text: str) -> SpeculativeConfig | None:
-    return SpeculativeConfig.from_json(text) if text.strip() else None
-
-
 def check_config(cfg: SchedulerServiceConfig) -> None:
     """Fail at start (not at the first worker) on a configuration the core refuses."""
     SchedulerConfig(
@@ -62,7 +58,7 @@ def check_config(cfg: SchedulerServiceConfig) -> None:
         enable_prefix_caching=cfg.enable_prefix_caching,
         max_model_len=cfg.max_model_len,
         long_prefill_token_threshold=cfg.long_prefill_token_threshold,
-        speculative=speculative_config(cfg.speculative_config),
+        speculative=SpeculativeConfig.from_flag(cfg.speculative_config),
     )
 
 

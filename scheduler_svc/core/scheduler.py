@@ -308,10 +308,8 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
                 i += 1
                 continue
             drafts = None
+            # (with its last token on its way, _awaiting_drafter returned before the loop)
             if proposer is not None and n == 1 and drafts_allowed(req) and proposer.wants(req):
-                if ph:  # drafts follow its latest token: wait for it instead of pipelining
-                    i += 1
-                    continue
                 room = min(
                     self._max_drafts,
                     budget - 1,

@@ -80,6 +80,11 @@ class SpeculativeConfig:
             )
         return cls(**raw)
 
+    @classmethod
+    def from_flag(cls, text: str) -> SpeculativeConfig | None:
+        """--speculative-config as given: None (off) when empty."""
+        return cls.from_json(text) if text.strip() else None
+
 
 @dataclass(slots=True)
 class SpecCounters:
@@ -96,11 +101,8 @@ class SpecCounters:
         self.drafts += 1
         self.draft_tokens += num_drafted
         self.accepted_tokens += num_accepted
-        per_pos = self.accepted_per_pos
-        if len(per_pos) < num_drafted:
-            per_pos.extend([0] * (num_drafted - len(per_pos)))
-        for i in range(num_accepted):
-            per_pos[i] += 1
+        for i in range(num_accepted):  # drafts never exceed num_speculative_tokens positions
+            self.accepted_per_pos[i] += 1
 
 
 class Proposer(Protocol):
@@ -127,11 +129,11 @@ class Proposer(Protocol):
 class _NgramState:
     """One request's n-gram index: suffix -> end of its latest earlier occurrence."""
 
-    __slots__ = ("drafted", "accepted", "indexed", "table", "skip", "misses")
+    __slots__ = ("drafted", "accepted", "tokens", "table", "skip", "misses")
 
     def __init__(self) -> None:
         self.table: dict[tuple[int, ...], int] = {}
-        self.indexed = 0  # n-grams ending before this position are in the table
+        self.tokens: list[int] = []  # the request's tokens so far (indexed up to the last)
         self.drafted = 0.0  # decayed counts: acceptance follows what the text does now
         self.accepted = 0.0
         self.misses = 0  # lookups in a row that found nothing
@@ -160,15 +162,18 @@ class NgramProposer:
         state = self._states.get(request.request_id)
         if state is None:
             state = self._states[request.request_id] = _NgramState()
-        tokens = request.prompt_token_ids + request.output_token_ids
+        tokens, prompt = state.tokens, request.prompt_token_ids
+        indexed = len(tokens)  # n-grams ending before this position are in the table
+        if indexed < len(prompt):
+            tokens.extend(prompt[indexed:])
+        tokens.extend(request.output_token_ids[len(tokens) - len(prompt) :])
         length = len(tokens)
         lo, hi = self.config.prompt_lookup_min, self.config.prompt_lookup_max
         table = state.table
         # index every n-gram that ends before the last token (one token must follow it)
-        for end in range(max(state.indexed, lo), length):
+        for end in range(max(indexed, lo), length):
             for n in range(lo, min(hi, end) + 1):
                 table[tuple(tokens[end - n : end])] = end
-        state.indexed = max(state.indexed, length)
         for n in range(min(hi, length - 1), lo - 1, -1):
             found = table.get(tuple(tokens[length - n :]))
             if found is not None:

@@ -77,7 +77,7 @@ class Oracle:
         self.accepted += num_accepted
 
     def forget(self, request_id):
-        pass
+        """Nothing kept per request."""
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -154,10 +154,10 @@ def test_rejection_sampling_draws_from_the_model_distribution(runner, tiny_llama
             return [draft] if not request.output_token_ids else []
 
         def record(self, *args):
-            pass
+            """Nothing to learn from: it always drafts the same token."""
 
         def forget(self, request_id):
-            pass
+            """Nothing kept per request."""
 
     params = SamplingParams(temperature=2.0, max_tokens=2, ignore_eos=True)
     spec = SpeculativeConfig(num_speculative_tokens=1)
