@@ -183,8 +183,10 @@ async def closed_loop(target: str, prompts: list[list[int]], c: int, max_tokens:
     return results, time.perf_counter() - t0
 
 
-def measure(server: Server, prompts: list[list[int]], c: int, args) -> dict:
-    n = max(c, args.min_requests)
+def measure(
+    server: Server, prompts: list[list[int]], c: int, args, num_requests: int | None = None
+) -> dict:
+    n = num_requests or max(c, args.min_requests)
     batch = [prompts[i % len(prompts)] for i in range(n)]
     before = server.metrics()
     results, seconds = event_loop.run(
@@ -229,14 +231,8 @@ def main() -> int:
     try:
         servers["on"] = Server(args, args.spec, log_dir)
         for server in servers.values():  # each workload once, so no measured turn pays set-up
-            event_loop.run(_warm(server.port))
             for w in workloads:
-                measure(
-                    server,
-                    prompts[w][:2],
-                    2,
-                    argparse.Namespace(**{**vars(args), "min_requests": 2}),
-                )
+                measure(server, prompts[w], 2, args, num_requests=2)
         for w in workloads:
             for c in levels:
                 runs: dict[str, list[dict]] = {"off": [], "on": []}
@@ -296,22 +292,6 @@ def main() -> int:
 def _median_run(runs: list[dict]) -> dict:
     ordered = sorted(runs, key=lambda r: r["out_tok_s"])
     return ordered[len(ordered) // 2]
-
-
-async def _warm(port: int) -> None:
-    ns = argparse.Namespace(
-        target=f"127.0.0.1:{port}",
-        api_key=None,
-        model=None,
-        temperature=0.0,
-        ignore_eos=True,
-        timeout=600.0,
-    )
-    backend = GrpcBackend(ns)
-    try:
-        await backend.send(BenchRequest([1, 2, 3, 4, 5, 6, 7, 8], 4), time.perf_counter())
-    finally:
-        await backend.close()
 
 
 def plot(rows, path: Path) -> None:
