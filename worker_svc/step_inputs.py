@@ -24,6 +24,11 @@ from worker_svc.input_batch import InputBatch
 from worker_svc.kv_cache import KVCache
 from worker_svc.ops.reference import ReferenceOps
 
+# A verification laid out as decode rows reads its request's cached K/V once per row: past this
+# many row-tokens ((1 + drafts) x context) one chunk, reading them once, is the cheaper layout
+# (docs/speculative.md, "Verification as decode rows").
+MAX_VERIFY_ROW_READS = 16384
+
 
 @dataclass(slots=True)
 class StepInputs:
@@ -80,10 +85,18 @@ def prepare_inputs(runner: RunnerParts, so: SchedulerOutput) -> StepInputs:
     total = int(n.sum())
     if total > runner.config.max_num_batched_tokens:
         raise ValueError(f"{total} tokens > max_num_batched_tokens")
-    # decodes first, by context length; then prefill chunks
-    decodes = np.flatnonzero(n == 1)
+    # decodes first, by context length; then prefill chunks. With the native decode kernel a
+    # request verifying k drafts counts as a decode too: its 1 + k tokens become 1 + k decode
+    # rows over its one block table, row j seeing the cache up to its own position (the step's
+    # K/V are written before any row attends), so a step of decodes and verifications stays a
+    # pure-decode step (the decode stack) instead of one chunk per verification.
+    decode_like = n == 1
+    verify_rows = drafts is not None and runner.ops.attention_kernel is not None
+    if verify_rows:
+        decode_like |= (c + n == known) & (n == 1 + extra) & (n * known <= MAX_VERIFY_ROW_READS)
+    decodes = np.flatnonzero(decode_like)
     decodes = decodes[np.argsort(c[decodes], kind="stable")]
-    order = np.concatenate([decodes, np.flatnonzero(n != 1)])
+    order = np.concatenate([decodes, np.flatnonzero(~decode_like)])
     rows, n, c, known = rows[order], n[order], c[order], known[order]
     req_ids = [req_ids[i] for i in order.tolist()]
     if drafts is not None:
@@ -125,14 +138,20 @@ def prepare_inputs(runner: RunnerParts, so: SchedulerOutput) -> StepInputs:
             graph_step=(input_ids, positions, slots, table, c + 1),
         )
     slot_mapping = torch.from_numpy(slots).to(dev, non_blocking=True)
+    table_rows, meta_c, meta_n, num_decodes = rows, c, n, len(decodes)
+    if verify_rows and len(decodes):  # one attention row per decode token (see above)
+        num_decodes = int(ends[len(decodes) - 1])
+        table_rows = np.concatenate([token_rows[:num_decodes], rows[len(decodes) :]])
+        meta_c = np.concatenate([positions[:num_decodes], c[len(decodes) :]])
+        meta_n = np.concatenate([np.ones(num_decodes, np.int64), n[len(decodes) :]])
     meta = attention.build_metadata(
         key_caches=runner.kv_cache.key_caches,
         value_caches=runner.kv_cache.value_caches,
         block_size=bs,
-        block_table=batch.block_table[rows, :max_blocks],
-        num_computed=c,
-        num_scheduled=n,
-        num_decodes=len(decodes),
+        block_table=batch.block_table[table_rows, :max_blocks],
+        num_computed=meta_c,
+        num_scheduled=meta_n,
+        num_decodes=num_decodes,
         decode_group_size=runner.config.decode_group_size,
         slot_mapping=slot_mapping,
         dtype=runner.dtype,

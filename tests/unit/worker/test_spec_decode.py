@@ -107,6 +107,37 @@ def test_greedy_with_drafts_equals_greedy_without(runner):
             assert stats.num_steps < 3 * 24 / 2
 
 
+def test_verification_as_decode_rows_equals_one_chunk(runner, monkeypatch):
+    """With the native decode kernel a verification's 1 + k tokens run as 1 + k decode rows
+    over the request's block table (past MAX_VERIFY_ROW_READS as one chunk): both layouts keep
+    the greedy output, and each is the one taken."""
+    if runner.ops.attention_kernel is None:
+        pytest.skip("no native decode kernel at this CPU level: verifications are chunks")
+    import worker_svc.model_runner as model_runner_module
+    from worker_svc import step_inputs
+
+    layouts: list[tuple[int, int]] = []  # per step with drafts: (decode rows, tokens)
+
+    def recording(parts, so):
+        inputs = step_inputs.prepare_inputs(parts, so)
+        if so.spec_token_ids:
+            layouts.append((inputs.meta.num_native_decodes, len(inputs.input_ids)))
+        return inputs
+
+    monkeypatch.setattr(model_runner_module, "prepare_inputs", recording)
+    reference, _ = serve(runner, prompts(), GREEDY)
+    spec = SpeculativeConfig(num_speculative_tokens=4)
+    for bound, as_rows in ((step_inputs.MAX_VERIFY_ROW_READS, True), (0, False)):
+        monkeypatch.setattr(step_inputs, "MAX_VERIFY_ROW_READS", bound)
+        layouts.clear()
+        got, sched = serve(runner, prompts(), GREEDY, spec, Oracle(reference, 4, 3))
+        assert got == reference, bound
+        assert sched.stats().num_free_blocks == NUM_BLOCKS
+        assert layouts
+        rows_steps = [rows == tokens for rows, tokens in layouts]
+        assert all(rows_steps) if as_rows else not any(rows_steps), layouts
+
+
 def test_ngram_drafting_keeps_greedy_output(runner):
     base = prompts(1)
     first, _ = serve(runner, base, GREEDY)
