@@ -524,6 +524,7 @@ class ServingEngine:
                 changed = self.pacer.on_step(reply.idle_time_s, time.monotonic())
                 if changed is not None:
                     self._set_stream_interval(changed)
+            sched.note_worker_wait(out, reply.idle_time_s)
             outputs = sched.update_from_output(out, reply.sampled)
             self.observer.on_step(session, out, reply, time.perf_counter() - started)
             self.slo.on_step(sched, out, time.perf_counter() - started)

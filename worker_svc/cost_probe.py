@@ -6,9 +6,15 @@
 - swap: device -> host and host -> device copies of 1 and k KV blocks give the bandwidth and the
   fixed latency of one copy; plus the bytes of one block.
 
-Only a worker with host blocks can swap, so only such a worker measures (about a second on CPU
-for the default model, milliseconds on a GPU); the others report nothing and the scheduler keeps
-its defaults.
+- verification steps: a step of one request scoring 2^i - 1 drafts after its next token, for
+  2^i = 1, 2, 4, ... MAX_VERIFY_WIDTH tokens (the first a plain decode step). Where the step
+  time stops being flat, the forward pass has turned from reading the weights to arithmetic; the
+  scheduler sizes each step's drafts by this curve (scheduler_svc/core/speculative.py).
+
+Only a worker with host blocks can swap, so only such a worker measures the prefill and the
+copies (about a second on CPU for the default model, milliseconds on a GPU); the others report
+no preemption costs and the scheduler keeps its defaults. Every worker with a model measures the
+verification steps (a few hundred milliseconds on CPU).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import time
 import numpy as np
 import torch
 
-from common.messages import NewRequestData, SamplingParams, SchedulerOutput
+from common.messages import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput
 
 PROBE_ID = "__cost_probe__"
 
@@ -103,21 +109,82 @@ def measure_swap(kv_cache, repeats: int = 3) -> tuple[float, float, int]:
     return per_block / slope, max(0.0, float(intercept)), int(per_block)
 
 
-def measure_costs(runner) -> dict[str, float | int]:
-    """The Register fields for the preemption cost model; {} when this worker cannot swap."""
+MAX_VERIFY_WIDTH = 64
+VERIFY_PROMPT = 16  # the probe request's prompt: a short context, so the rows read little KV
+
+
+def measure_verify_steps(runner, repeats: int = 3) -> list[float]:
+    """Seconds of a step of 1, 2, 4, ... tokens of one request (its next token and the rest
+    drafts), the fastest of `repeats`; [] where the runner cannot hold the probe."""
+    bs = runner.block_size
+    widths = []
+    width = 1
+    while width <= min(MAX_VERIFY_WIDTH, runner.config.max_num_batched_tokens):
+        widths.append(width)
+        width *= 2
+    # every width's tokens may be kept (drafts accepted), each step's next one too: blocks
+    # for all of them
+    span = VERIFY_PROMPT + 1 + sum(widths) + len(widths)
+    if span > runner.max_model_len or -(-span // bs) > runner.num_blocks:
+        return []
+    vocab = max(4, runner.vocab_size - 3)
+    prompt = [(j * 11) % vocab + 3 for j in range(VERIFY_PROMPT)]
+    blocks = list(range(-(-span // bs)))
+    params = SamplingParams(max_tokens=span, temperature=0.0, ignore_eos=True)
+    best = [float("inf")] * len(widths)
+    for _ in range(repeats):
+        out = runner.execute_model(
+            SchedulerOutput(
+                new_requests=[NewRequestData(PROBE_ID, prompt, params, blocks, 0)],
+                num_scheduled_tokens={PROBE_ID: VERIFY_PROMPT},
+                total_num_scheduled_tokens=VERIFY_PROMPT,
+            )
+        )
+        computed, held = VERIFY_PROMPT, len(blocks)
+        known = computed + len(out.sampled_token_ids[PROBE_ID])
+        for i, width in enumerate(widths):
+            drafts = [(known * 7 + j) % vocab + 3 for j in range(width - 1)]
+            need = -(-(computed + width) // bs)  # the blocks rejections took back, again
+            new_blocks, held = blocks[held:need], max(held, need)
+            so = SchedulerOutput(
+                cached_requests=[CachedRequestData(PROBE_ID, new_blocks, computed)],
+                num_scheduled_tokens={PROBE_ID: width},
+                total_num_scheduled_tokens=width,
+                spec_token_ids={PROBE_ID: drafts} if drafts else {},
+            )
+            _sync(runner.device)
+            start = time.perf_counter()
+            out = runner.execute_model(so)
+            _sync(runner.device)
+            best[i] = min(best[i], time.perf_counter() - start)
+            kept = len(out.sampled_token_ids[PROBE_ID])  # its next token + the drafts kept
+            computed, known = known + kept - 1, known + kept
+            if kept < width:  # the worker dropped the blocks past its computed tokens
+                held = min(held, -(-computed // bs))
+        runner.execute_model(SchedulerOutput(finished_req_ids={PROBE_ID}))
+    return best
+
+
+def measure_costs(runner) -> dict[str, float | int | list[float]]:
+    """The Register fields: the verification steps, and with host blocks the preemption cost
+    model's."""
     kv = getattr(runner, "kv_cache", None)
-    if kv is None or runner.num_host_blocks <= 0:
+    if kv is None:
         return {}
+    costs: dict[str, float | int | list[float]] = {}
     try:
         with torch.inference_mode():
-            per_token, per_ctx = measure_prefill(runner)
-            bandwidth, latency, per_block = measure_swap(kv)
+            costs["verify_step_s"] = measure_verify_steps(runner)
+            if runner.num_host_blocks > 0:
+                per_token, per_ctx = measure_prefill(runner)
+                bandwidth, latency, per_block = measure_swap(kv)
+                costs.update(
+                    prefill_s_per_token=per_token,
+                    prefill_s_per_token_ctx=per_ctx,
+                    swap_bytes_per_s=bandwidth,
+                    swap_latency_s=latency,
+                    kv_bytes_per_block=per_block,
+                )
     finally:
         runner.reset()
-    return {
-        "prefill_s_per_token": per_token,
-        "prefill_s_per_token_ctx": per_ctx,
-        "swap_bytes_per_s": bandwidth,
-        "swap_latency_s": latency,
-        "kv_bytes_per_block": per_block,
-    }
+    return costs

@@ -42,7 +42,9 @@ class WorkerLinkConfig:
     reconnect_max_backoff: float = _opt(10.0, "longest wait between reconnect attempts")
     drain_timeout: float = _opt(30.0, "on SIGTERM: seconds to finish running requests")
     measure_costs: bool = _opt(
-        True, "with host blocks: time a prefill and a block copy at start, report them"
+        True,
+        "time verification steps of 1 to 64 tokens at start (speculative decoding sizes its "
+        "drafts by them) and, with host blocks, a prefill and a block copy; report them",
     )
     max_message_bytes: int = _opt(64 * 1024 * 1024, "largest gRPC message accepted")
     tune_gc: bool = _opt(
@@ -107,7 +109,7 @@ class WorkerLinkClient:
         """Measured preemption costs (worker_svc/cost_probe.py), once; {} when not measured."""
         if self._costs is None:
             self._costs = {}
-            if self.cfg.measure_costs and getattr(self.runner, "num_host_blocks", 0) > 0:
+            if self.cfg.measure_costs and hasattr(self.runner, "kv_cache"):
                 from worker_svc.cost_probe import measure_costs  # torch: only real runners
 
                 try:
@@ -115,7 +117,7 @@ class WorkerLinkClient:
                 except Exception:  # noqa: BLE001 - the scheduler then uses its defaults
                     log.exception("cost_probe_failed")
                 if self._costs:
-                    log.info("costs_measured", **{k: round(v, 9) for k, v in self._costs.items()})
+                    log.info("costs_measured", **{k: _rounded(v) for k, v in self._costs.items()})
         return self._costs
 
     def stop(self) -> None:
@@ -341,6 +343,10 @@ class WorkerLinkClient:
         reply.idle_time_s = idle
         self._last_reply_at = time.perf_counter()
         return reply
+
+
+def _rounded(value):
+    return [round(v, 6) for v in value] if isinstance(value, list) else round(value, 9)
 
 
 def _read_stream(call, inbox: queue.SimpleQueue) -> None:

@@ -11,6 +11,7 @@ from scheduler_svc.core.request import Request, RequestStatus
 from scheduler_svc.core.stopping import check_stop
 
 if TYPE_CHECKING:
+    from scheduler_svc.core.draft_budget import DraftBudget
     from scheduler_svc.core.kv_cache_manager import KVCacheManager
     from scheduler_svc.core.request_queue import RequestQueue
     from scheduler_svc.core.speculative import Proposer, SpecCounters
@@ -35,6 +36,7 @@ class OutputProcessorMixin:
     _proposer: Proposer | None
     _spec_inflight: dict[int, dict[str, int]]
     _spec_counts: SpecCounters
+    _draft_budget: DraftBudget | None
 
     def update_from_output(
         self, out: SchedulerOutput, sampled: Mapping[str, Sequence[int]]
@@ -128,6 +130,8 @@ class OutputProcessorMixin:
             req.num_computed_tokens -= k - accepted
             self.kv.trim(req)
             self._spec_counts.verified(k, accepted)
+            if self._draft_budget is not None:
+                self._draft_budget.verified(k, accepted)
             if self._proposer is not None:
                 self._proposer.record(req, k, accepted)
 

@@ -34,6 +34,8 @@ class WorkerCosts:
     swap_bytes_per_s: float = 0.0  # device <-> host copy bandwidth (one direction)
     swap_latency_s: float = 0.0  # fixed cost of one copy call
     kv_bytes_per_block: int = 0
+    # speculative decoding: seconds of a step of 1, 2, 4, ... tokens (cost_probe.py)
+    verify_step_s: tuple[float, ...] = ()
 
     @property
     def known(self) -> bool:
@@ -53,6 +55,7 @@ class WorkerCosts:
             swap_bytes_per_s=float(getattr(msg, "swap_bytes_per_s", 0.0) or 0.0),
             swap_latency_s=float(getattr(msg, "swap_latency_s", 0.0) or 0.0),
             kv_bytes_per_block=int(getattr(msg, "kv_bytes_per_block", 0) or 0),
+            verify_step_s=tuple(float(t) for t in getattr(msg, "verify_step_s", ()) or ()),
         )
         return costs if costs != cls() else None
 

@@ -26,6 +26,7 @@ from scheduler_svc.core.admission import AdmissionMixin
 from scheduler_svc.core.adoption import AdoptionMixin
 from scheduler_svc.core.block_pool import KVCacheBlock
 from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.draft_budget import DraftBudget
 from scheduler_svc.core.errors import RequestRejected, SchedulerConfigError
 from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.output_processing import OutputProcessorMixin
@@ -34,6 +35,7 @@ from scheduler_svc.core.preemption_cost import PreemptionCostModel
 from scheduler_svc.core.request import FinishReason, Request, RequestStatus
 from scheduler_svc.core.request_queue import RequestQueue, create_request_queue
 from scheduler_svc.core.speculative import (
+    UNMEASURED_MAX_BATCH,
     Proposer,
     SpecCounters,
     create_proposer,
@@ -109,7 +111,16 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         spec = config.speculative
         self._proposer = create_proposer(spec) if spec is not None else None
         self._max_drafts = spec.num_speculative_tokens if spec is not None else 0
-        self._spec_max_batch = spec.max_batch if spec is not None else 0
+        self._spec_max_batch = spec.max_batch if spec is not None else None
+        costs = config.worker_costs
+        # sized by the worker's measured step times (draft_budget.py) where it measured them
+        self._draft_budget = (
+            DraftBudget(costs.verify_step_s)
+            if spec is not None and costs is not None and costs.verify_step_s
+            else None
+        )
+        if spec is not None and self._draft_budget is None and self._spec_max_batch is None:
+            self._spec_max_batch = UNMEASURED_MAX_BATCH
         self._spec_inflight: dict[int, dict[str, int]] = {}  # step -> request -> drafts sent
         self._spec_counts = SpecCounters(accepted_per_pos=[0] * self._max_drafts)
 
@@ -290,7 +301,8 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         budget = step.budget
         num_decode = 0
         proposer = self._proposer
-        if proposer is not None and len(running) > self._spec_max_batch:
+        drafts_left = self._drafts_for_step(len(running)) if proposer is not None else 0
+        if not drafts_left:
             proposer = None  # a large batch is bound by arithmetic: drafts would cost
         if proposer is not None and self._awaiting_drafter(proposer):
             return  # one whole batch once its tokens are back, not half batches taking turns
@@ -312,6 +324,7 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
             if proposer is not None and n == 1 and drafts_allowed(req) and proposer.wants(req):
                 room = min(
                     self._max_drafts,
+                    drafts_left,
                     budget - 1,
                     req.sampling_params.max_tokens - num_out - 1,
                     length_limit - total - 1,
@@ -323,6 +336,7 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
                     self._spec_counts.lookups += 1
                     if drafts is not None:
                         n += len(drafts)
+                        drafts_left -= len(drafts)
             if threshold and n > threshold:
                 n = threshold
             if n > budget:
@@ -464,6 +478,20 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
         self.waiting.prepend(victim)
+
+    def _drafts_for_step(self, rows: int) -> int:
+        """The most drafted tokens this step takes with `rows` running requests."""
+        cap = self._spec_max_batch
+        if cap is not None and rows > cap:
+            return 0
+        most = rows * self._max_drafts
+        return most if self._draft_budget is None else self._draft_budget.best(rows, most)
+
+    def note_worker_wait(self, step: SchedulerOutput, idle_s: float) -> None:
+        """The worker's idle time before `step` (its reply says): before a step with drafts it
+        is what verifying costs beyond the forward pass (the batch waited for its tokens)."""
+        if step.spec_token_ids and self._draft_budget is not None:
+            self._draft_budget.waited(idle_s)
 
     def _awaiting_drafter(self, proposer: Proposer) -> bool:
         """A running request that will draft has its last token still on its way."""

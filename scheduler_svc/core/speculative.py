@@ -14,8 +14,9 @@ prefix its own sampling agrees with (worker_svc/spec_decode.py).
 A proposer is one small interface (`Proposer`): a draft model on the worker or a suffix tree over
 every request's outputs would be other implementations behind it. Drafting stays off where it
 cannot pay: requests whose sampling needs what the worker only applies to single tokens
-(penalties, logprobs, grammars), batches past `max_batch` running requests (the step is bound
-by arithmetic there, not by reading the weights), and requests whose drafts keep being rejected
+(penalties, logprobs, grammars), drafts past what the step's width pays for (draft_budget.py:
+by the worker's measured step times, the step turns from reading the weights to arithmetic as
+it widens), and requests whose drafts keep being rejected
 (their acceptance, tracked per request, below `min_acceptance`) or whose lookups keep finding
 nothing (MAX_MISSES in a row): those back off for BACK_OFF_STEPS steps, and a lookup that found
 nothing skips one. While a request that drafts waits for its
@@ -35,6 +36,9 @@ from scheduler_svc.core.request import Request
 METHODS = ("ngram",)
 MAX_MISSES = 8  # lookups in a row without a match before a request backs off
 BACK_OFF_STEPS = 4  # steps a backed-off request decodes one token at a time, pipelined
+# without the worker's step times: the width past which a CPU step turned to arithmetic in
+# docs/benchmarks.md's runs (a measuring worker replaces it with its own curve)
+UNMEASURED_MAX_BATCH = 8
 
 
 @dataclass(slots=True, frozen=True)
@@ -43,7 +47,9 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 6  # most drafts per request per step
     prompt_lookup_min: int = 2  # shortest suffix looked up
     prompt_lookup_max: int = 4  # longest suffix looked up (tried first)
-    max_batch: int = 8  # no drafting while more requests than this run
+    # no drafting while more requests than this run; None: as many as the worker's measured
+    # step times say pay (draft_budget.py), or UNMEASURED_MAX_BATCH where it measured none
+    max_batch: int | None = None
     min_acceptance: float = 0.2  # a request's drafts back off below this acceptance rate
 
     def __post_init__(self) -> None:
@@ -60,7 +66,9 @@ class SpeculativeConfig:
                 "need 1 <= prompt_lookup_min <= prompt_lookup_max <= 16; got "
                 f"{self.prompt_lookup_min} and {self.prompt_lookup_max}"
             )
-        if self.max_batch < 1 or not 0.0 <= self.min_acceptance < 1.0:
+        if (self.max_batch is not None and self.max_batch < 1) or not (
+            0.0 <= self.min_acceptance < 1.0
+        ):
             raise SchedulerConfigError("max_batch must be >= 1 and min_acceptance in [0, 1)")
 
     @classmethod

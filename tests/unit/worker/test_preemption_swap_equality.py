@@ -91,6 +91,8 @@ def test_cost_probe_measures_and_leaves_the_runner_clean(runner):
 
     costs = measure_costs(runner)
     assert costs["prefill_s_per_token"] > 0 and costs["swap_bytes_per_s"] > 0
+    # verification steps of 1, 2, 4, ... 64 tokens (the runner's step budget allows them all)
+    assert len(costs["verify_step_s"]) == 7 and min(costs["verify_step_s"]) > 0
     assert (
         costs["kv_bytes_per_block"] == 2 * 2 * 4 * 2 * 16 * 4
     )  # layers, K/V, bs, heads, dim, fp32
@@ -99,6 +101,7 @@ def test_cost_probe_measures_and_leaves_the_runner_clean(runner):
     client = WorkerLinkClient(WorkerLinkConfig(), runner)
     reg = client.registration()
     assert reg.prefill_s_per_token > 0 and reg.kv_bytes_per_block == costs["kv_bytes_per_block"]
+    assert len(WorkerCosts.from_message(reg).verify_step_s) == 7
     assert client.registration().prefill_s_per_token == reg.prefill_s_per_token  # measured once
     off = WorkerLinkClient(WorkerLinkConfig(measure_costs=False), runner)
     assert off.registration().prefill_s_per_token == 0
