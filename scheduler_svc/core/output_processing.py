@@ -128,6 +128,8 @@ class OutputProcessorMixin:
                 continue  # finished, aborted or preempted since (its progress restarted)
             accepted = min(len(tokens) - 1, k)
             req.num_computed_tokens -= k - accepted
+            # the rejected positions were never valid KV: computing them again is not recompute
+            req.max_computed_tokens = min(req.max_computed_tokens, req.num_computed_tokens)
             self.kv.trim(req)
             self._spec_counts.verified(k, accepted)
             if self._draft_budget is not None:

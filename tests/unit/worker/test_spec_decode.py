@@ -98,6 +98,7 @@ def test_greedy_with_drafts_equals_greedy_without(runner):
         assert got == reference, wrong
         stats = sched.stats()
         assert stats.num_free_blocks == NUM_BLOCKS and stats.num_used_blocks == 0
+        assert stats.num_recomputed_tokens == 0  # rejected positions are not recompute
         assert stats.num_spec_draft_tokens == oracle.drafted > 0
         assert stats.num_spec_accepted_tokens == oracle.accepted
         if wrong == 1:
