@@ -1,20 +1,22 @@
 """Speculative decoding (prompt lookup) off and on, side by side, over gRPC.
 
-    .venv/bin/python bench/speculative.py                       # the full table, ~15 min on 2 cores
+    .venv/bin/python bench/speculative.py                       # the full table, ~10 min on 2 cores
     .venv/bin/python bench/speculative.py --concurrency 1,4 --workloads repetitive --quick
     .venv/bin/python bench/speculative.py --json spec.json --plot docs/speculative.png
 
 Each setting (off, and on with --spec) is one `splitserve scheduler` + one `splitserve worker`
-process pair, both started at once. For each workload and concurrency c, c streams run at once
-(closed loop: a stream sends its next request when its last one ends) over max(c,
---min-requests) requests; greedy, EOS ignored; off and on take turns, --repeats times each, so
-the machine's drift affects both alike, and each row keeps the median run. Workloads:
+process pair, both started at once. For each workload and concurrency c, off and on take
+--turns turns each, alternating, so that the machine's drift affects both alike; in a turn c
+streams run at once (closed loop: a stream sends its next request when its last one ends) over
+max(--waves x c, --turn-requests) requests, the next prompts of the workload each turn (both
+settings the same ones); greedy, EOS ignored. A row adds its turns up: out tok/s over all of
+them, and the spread of the turns' own on/off ratios. Workloads:
 - repetitive: chat prompts that ask SmolLM2 to quote its input (passages of bench/data/essays.txt)
   or to edit code and print it whole (snippets of this repository);
 - w64: the W64 prompts (bench/workloads/w64.json).
 Printed per row: out tok/s, TPOT p50, acceptance (accepted / drafted tokens, from the
-scheduler's spec_decode counters) and the drafting share of the step (the scheduler's drafting
-seconds over the worker steps' seconds), and on/off speed ratios.
+scheduler's spec_decode counters), the drafting share of the step (the scheduler's drafting
+seconds over the worker steps' seconds) and the on/off speed ratio.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import urllib.request
 from pathlib import Path
 
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +44,7 @@ from peers_lib.servers import Process, free_port, wait_until  # noqa: E402
 from bench.serve import BenchRequest, GrpcBackend  # noqa: E402
 from common import event_loop  # noqa: E402
 
-DEFAULT_SPEC = '{"method": "ngram", "num_speculative_tokens": 6}'
+DEFAULT_SPEC = '{"method": "ngram"}'
 console = Console(stderr=True)
 
 
@@ -50,10 +53,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--concurrency", default="1,4,16,64", help="comma list of concurrent streams")
     p.add_argument("--workloads", default="repetitive,w64", help="comma list: repetitive, w64")
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
-    p.add_argument("--min-requests", type=int, default=16, help="requests per row at least")
+    p.add_argument("--turn-requests", type=int, default=4, help="requests per turn at least")
+    p.add_argument("--waves", type=int, default=2, help="a turn: at least this many x c requests")
     p.add_argument("--spec", default=DEFAULT_SPEC, help="--speculative-config for the 'on' runs")
     p.add_argument("--threads", type=int, default=2, help="the worker's torch threads")
-    p.add_argument("--repeats", type=int, default=3, help="off/on turns per row (median kept)")
+    p.add_argument("--turns", type=int, default=6, help="turns of each setting per row")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--quick", action="store_true", help="fewer tokens and requests")
     p.add_argument("--json", type=Path, default=None)
@@ -61,7 +65,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--log-dir", type=Path, default=None)
     args = p.parse_args()
     if args.quick:
-        args.max_tokens, args.min_requests = 32, 4
+        args.max_tokens, args.turns = 32, 2
     return args
 
 
@@ -184,10 +188,10 @@ async def closed_loop(target: str, prompts: list[list[int]], c: int, max_tokens:
 
 
 def measure(
-    server: Server, prompts: list[list[int]], c: int, args, num_requests: int | None = None
+    server: Server, prompts: list[list[int]], c: int, args, num_requests: int, first: int = 0
 ) -> dict:
-    n = num_requests or max(c, args.min_requests)
-    batch = [prompts[i % len(prompts)] for i in range(n)]
+    """One turn: num_requests requests (prompts from `first` on, wrapping), c at a time."""
+    batch = [prompts[(first + i) % len(prompts)] for i in range(num_requests)]
     before = server.metrics()
     results, seconds = event_loop.run(
         closed_loop(f"127.0.0.1:{server.port}", batch, c, args.max_tokens)
@@ -197,24 +201,33 @@ def measure(
     failed = [r.error for r in results if not r.ok]
     if failed:
         raise RuntimeError(f"{len(failed)} requests failed: {failed[0]}")
-    tokens = sum(r.output_len for r in results)
-    tpots = [r.tpot for r in results if r.tpot is not None]
-    drafted = delta["spec_decode_num_draft_tokens"]
+    return {
+        "tokens": sum(r.output_len for r in results),
+        "seconds": seconds,
+        "tpots": [r.tpot for r in results if r.tpot is not None],
+        **delta,
+    }
+
+
+def summarize(c: int, turns: list[dict]) -> dict:
+    """A row's turns added up."""
+    seconds = sum(t["seconds"] for t in turns)
+    total = {k: sum(t[k] for t in turns) for k in COUNTERS}
+    drafted = total["spec_decode_num_draft_tokens"]
     return {
         "concurrency": c,
-        "requests": n,
-        "out_tok_s": tokens / seconds,
-        "tpot_p50_ms": 1e3 * statistics.median(tpots),
-        "ttft_p50_s": statistics.median(r.ttft for r in results),
-        "e2e_p50_s": statistics.median(r.e2e for r in results),
+        "turns": len(turns),
+        "tokens": sum(t["tokens"] for t in turns),
         "seconds": seconds,
+        "out_tok_s": sum(t["tokens"] for t in turns) / seconds,
+        "tpot_p50_ms": 1e3 * statistics.median([x for t in turns for x in t["tpots"]]),
         "drafted": drafted,
-        "verifications": delta["spec_decode_num_drafts"],
-        "steps": delta["scheduler_steps"],
-        "accepted": delta["spec_decode_num_accepted_tokens"],
-        "acceptance": delta["spec_decode_num_accepted_tokens"] / drafted if drafted else None,
-        "draft_share": delta["spec_decode_draft_seconds"] / delta["step_time_seconds"]
-        if delta["step_time_seconds"]
+        "verifications": total["spec_decode_num_drafts"],
+        "steps": total["scheduler_steps"],
+        "accepted": total["spec_decode_num_accepted_tokens"],
+        "acceptance": total["spec_decode_num_accepted_tokens"] / drafted if drafted else None,
+        "draft_share": total["spec_decode_draft_seconds"] / total["step_time_seconds"]
+        if total["step_time_seconds"]
         else None,
     }
 
@@ -233,18 +246,22 @@ def main() -> int:
         for server in servers.values():  # each workload once, so no measured turn pays set-up
             for w in workloads:
                 measure(server, prompts[w], 2, args, num_requests=2)
-        for w in workloads:
-            for c in levels:
-                runs: dict[str, list[dict]] = {"off": [], "on": []}
-                for turn in range(args.repeats):
-                    for setting, server in servers.items():
-                        console.print(f"[bold]{setting}[/] {w} x{c} ({turn + 1}/{args.repeats})")
-                        runs[setting].append(measure(server, prompts[w], c, args))
-                rows[(w, c)] = {k: _median_run(v) for k, v in runs.items()}
-                rows[(w, c)]["ratios"] = [
-                    on["out_tok_s"] / off["out_tok_s"]
-                    for off, on in zip(runs["off"], runs["on"], strict=True)
-                ]
+        with Progress(console=console) as progress:
+            task = progress.add_task("turns", total=len(workloads) * len(levels) * args.turns)
+            for w in workloads:
+                for c in levels:
+                    n = max(args.waves * c, args.turn_requests)
+                    runs: dict[str, list[dict]] = {"off": [], "on": []}
+                    for turn in range(args.turns):
+                        progress.update(task, description=f"{w} x{c}")
+                        for setting, server in servers.items():
+                            runs[setting].append(measure(server, prompts[w], c, args, n, turn * n))
+                        progress.advance(task)
+                    rows[(w, c)] = {k: summarize(c, v) for k, v in runs.items()}
+                    rows[(w, c)]["turn_ratios"] = [
+                        (on["tokens"] / on["seconds"]) / (off["tokens"] / off["seconds"])
+                        for off, on in zip(runs["off"], runs["on"], strict=True)
+                    ]
     finally:
         for server in servers.values():
             server.stop()
@@ -254,7 +271,8 @@ def main() -> int:
         "streams",
         "off tok/s",
         "on tok/s",
-        "on/off (turns)",
+        "on ÷ off",
+        "turns' on ÷ off (min / median / max)",
         "TPOT p50 off/on (ms)",
         "acceptance",
         "drafting share",
@@ -269,14 +287,20 @@ def main() -> int:
             str(c),
             f"{off['out_tok_s']:.1f}",
             f"{on['out_tok_s']:.1f}",
-            f"{on['out_tok_s'] / off['out_tok_s']:.2f} ("
-            + ", ".join(f"{x:.2f}" for x in r["ratios"])
-            + ")",
+            f"{on['out_tok_s'] / off['out_tok_s']:.2f}",
+            " / ".join(
+                f"{x:.2f}"
+                for x in (
+                    min(r["turn_ratios"]),
+                    statistics.median(r["turn_ratios"]),
+                    max(r["turn_ratios"]),
+                )
+            ),
             f"{off['tpot_p50_ms']:.0f} / {on['tpot_p50_ms']:.0f}",
             acc,
             share,
         )
-    Console().print(table)
+    Console(width=200).print(table)
     out = {
         "spec": args.spec,
         "max_tokens": args.max_tokens,
@@ -287,11 +311,6 @@ def main() -> int:
     if args.plot:
         plot(rows, args.plot)
     return 0
-
-
-def _median_run(runs: list[dict]) -> dict:
-    ordered = sorted(runs, key=lambda r: r["out_tok_s"])
-    return ordered[len(ordered) // 2]
 
 
 def plot(rows, path: Path) -> None:

@@ -44,7 +44,7 @@ UNMEASURED_MAX_BATCH = 8
 @dataclass(slots=True, frozen=True)
 class SpeculativeConfig:
     method: str = "ngram"
-    num_speculative_tokens: int = 6  # most drafts per request per step
+    num_speculative_tokens: int = 10  # most drafts per request per step
     prompt_lookup_min: int = 2  # shortest suffix looked up
     prompt_lookup_max: int = 4  # longest suffix looked up (tried first)
     # no drafting while more requests than this run; None: as many as the worker's measured
