@@ -27,7 +27,7 @@ from worker_svc.ops.reference import ReferenceOps
 # A verification laid out as decode rows reads its request's cached K/V once per row: past this
 # many row-tokens ((1 + drafts) x context) one chunk, reading them once, is the cheaper layout
 # (docs/speculative.md, "Verification as decode rows").
-MAX_VERIFY_ROW_READS = 16384
+MAX_VERIFY_ROW_READS = 12288
 
 
 @dataclass(slots=True)

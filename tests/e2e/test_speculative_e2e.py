@@ -23,6 +23,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 W64 = json.loads((Path(__file__).resolve().parents[2] / "bench/workloads/w64.json").read_text())
 SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "max_batch": 64}'
+# the workers measure no step times: with max_batch set, every running request drafts (the
+# measured draft budget would hold most of these wide batches back)
+NO_BUDGET = ("--no-measure-costs",)
 PASSAGE = (
     "The scheduler owns the request queues, the token budget and the KV block tables; each "
     "step it sends the workers a diff of what changed, and the workers send the sampled "
@@ -67,7 +70,10 @@ def serve(tmp_path, name: str, jobs: list[dict], spec: bool, workers=("w0",), du
         flags = ["--max-model-len", "1024", "--max-num-seqs", "64", "--worker-timeout", "10"]
         flags += ["--http-port", str(http)]
         c.start_scheduler(*flags, *(["--speculative-config", SPEC] if spec else []))
-        procs = {w: c.start_worker(w, *WORKER_FLAGS, "--num-gpu-blocks", "512") for w in workers}
+        procs = {
+            w: c.start_worker(w, *WORKER_FLAGS, "--num-gpu-blocks", "512", *NO_BUDGET)
+            for w in workers
+        }
         with SplitserveClient(c.target, timeout=600) as client:
             client.wait_for_workers(len(workers), timeout=300)
             out = run(client, jobs, during(procs) if during else None)
