@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.core import Scheduler, SchedulerConfig
+from scheduler_svc.core import Scheduler
 from scheduler_svc.core.draft_budget import DraftBudget
 from scheduler_svc.core.preemption_cost import WorkerCosts
 from scheduler_svc.core.speculative import UNMEASURED_MAX_BATCH, SpeculativeConfig
-from tests.factories import request
+from tests.factories import request, scheduler_factory
 
 # a CPU-like curve: reading the weights up to 8 tokens, then arithmetic (seconds of 1, 2, ... 64)
 KNEE = [0.014, 0.0142, 0.0145, 0.015, 0.019, 0.027, 0.051]
@@ -49,18 +49,14 @@ def test_low_acceptance_and_a_long_wait_turn_drafting_down():
     assert eager.best(rows=1, most=6) == 0
 
 
+make = scheduler_factory(
+    block_size=4, num_blocks=1024, max_model_len=256, max_num_seqs=128, max_num_batched_tokens=4096
+)
+
+
 def _sched(max_batch=None, costs=None) -> Scheduler:
     spec = SpeculativeConfig(num_speculative_tokens=4, max_batch=max_batch)
-    cfg = SchedulerConfig(
-        block_size=4,
-        num_blocks=1024,
-        max_model_len=256,
-        max_num_seqs=128,
-        max_num_batched_tokens=4096,
-        speculative=spec,
-        worker_costs=costs,
-    )
-    return Scheduler(cfg)
+    return make(speculative=spec, worker_costs=costs)
 
 
 def _drafts_at(sched: Scheduler, rows: int) -> int:
