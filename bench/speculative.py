@@ -1,6 +1,6 @@
 """Speculative decoding (prompt lookup) off and on, side by side, over gRPC.
 
-    .venv/bin/python bench/speculative.py                       # the full table, ~10 min on 2 cores
+    .venv/bin/python bench/speculative.py                       # the full table, ~13 min on 2 cores
     .venv/bin/python bench/speculative.py --concurrency 1,4 --workloads repetitive --quick
     .venv/bin/python bench/speculative.py --json spec.json --plot docs/speculative.png
 

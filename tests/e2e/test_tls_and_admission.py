@@ -3,6 +3,7 @@ per-tenant rates, unknown tenants), with simulated workers."""
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 
@@ -85,7 +86,10 @@ def test_tls_client_api_and_mutual_tls_worker_link(tmp_path):
             assert len(result.token_ids) == 3
         assert good.alive() and rogue.alive() and plain.alive()  # they keep retrying
         # the HTTP API is served over TLS with the same certificate
-        response = httpx.get(f"https://127.0.0.1:{http_port}/v1/models", verify=ca.cert_file)
+        response = httpx.get(
+            f"https://127.0.0.1:{http_port}/v1/models",
+            verify=ssl.create_default_context(cafile=ca.cert_file),
+        )
         assert response.status_code == 200
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{http_port}/v1/models", timeout=5)
