@@ -9,7 +9,7 @@
 - verification steps: a step of one request scoring 2^i - 1 drafts after its next token, for
   2^i = 1, 2, 4, ... MAX_VERIFY_WIDTH tokens (the first a plain decode step). Where the step
   time stops being flat, the forward pass has turned from reading the weights to arithmetic; the
-  scheduler sizes each step's drafts by this curve (scheduler_svc/core/speculative.py).
+  scheduler sizes each step's drafts by this curve (scheduler_svc/core/draft_budget.py).
 
 Only a worker with host blocks can swap, so only such a worker measures the prefill and the
 copies (about a second on CPU for the default model, milliseconds on a GPU); the others report
@@ -34,25 +34,24 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_throwaway_prefill(runner, n: int) -> float:
-    """Seconds of one prefill of n tokens by a request that is then finished (on blocks
-    nothing uses yet: call it before serving, or between sessions)."""
-    bs = runner.block_size
+def _prefill_step(runner, n: int, max_tokens: int) -> SchedulerOutput:
+    """The step that admits the probe request: a prompt of n tokens, prefilled whole, on the
+    first blocks of the pool (nothing uses them before serving)."""
     vocab = max(4, getattr(runner, "vocab_size", 1000) - 3)
     prompt = [(j * 7) % vocab + 3 for j in range(n)]
-    so = SchedulerOutput(
-        new_requests=[
-            NewRequestData(
-                PROBE_ID,
-                prompt,
-                SamplingParams(max_tokens=1, temperature=0.0),
-                list(range(-(-n // bs))),
-                0,
-            )
-        ],
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    blocks = list(range(-(-n // runner.block_size)))
+    return SchedulerOutput(
+        new_requests=[NewRequestData(PROBE_ID, prompt, params, blocks, 0)],
         num_scheduled_tokens={PROBE_ID: n},
         total_num_scheduled_tokens=n,
     )
+
+
+def time_throwaway_prefill(runner, n: int) -> float:
+    """Seconds of one prefill of n tokens by a request that is then finished (on blocks
+    nothing uses yet: call it before serving, or between sessions)."""
+    so = _prefill_step(runner, n, max_tokens=1)
     _sync(runner.device)
     start = time.perf_counter()
     runner.execute_model(so)
@@ -128,26 +127,16 @@ def measure_verify_steps(runner, repeats: int = 3) -> list[float]:
     if span > runner.max_model_len or -(-span // bs) > runner.num_blocks:
         return []
     vocab = max(4, runner.vocab_size - 3)
-    prompt = [(j * 11) % vocab + 3 for j in range(VERIFY_PROMPT)]
-    blocks = list(range(-(-span // bs)))
-    params = SamplingParams(max_tokens=span, temperature=0.0, ignore_eos=True)
     best = [float("inf")] * len(widths)
     for _ in range(repeats):
-        out = runner.execute_model(
-            SchedulerOutput(
-                new_requests=[NewRequestData(PROBE_ID, prompt, params, blocks, 0)],
-                num_scheduled_tokens={PROBE_ID: VERIFY_PROMPT},
-                total_num_scheduled_tokens=VERIFY_PROMPT,
-            )
-        )
-        computed, held = VERIFY_PROMPT, len(blocks)
+        out = runner.execute_model(_prefill_step(runner, VERIFY_PROMPT, max_tokens=span))
+        computed = VERIFY_PROMPT
         known = computed + len(out.sampled_token_ids[PROBE_ID])
         for i, width in enumerate(widths):
             drafts = [(known * 7 + j) % vocab + 3 for j in range(width - 1)]
-            need = -(-(computed + width) // bs)  # the blocks rejections took back, again
-            new_blocks, held = blocks[held:need], max(held, need)
+            held, need = -(-computed // bs), -(-(computed + width) // bs)
             so = SchedulerOutput(
-                cached_requests=[CachedRequestData(PROBE_ID, new_blocks, computed)],
+                cached_requests=[CachedRequestData(PROBE_ID, list(range(held, need)), computed)],
                 num_scheduled_tokens={PROBE_ID: width},
                 total_num_scheduled_tokens=width,
                 spec_token_ids={PROBE_ID: drafts} if drafts else {},
@@ -157,10 +146,10 @@ def measure_verify_steps(runner, repeats: int = 3) -> list[float]:
             out = runner.execute_model(so)
             _sync(runner.device)
             best[i] = min(best[i], time.perf_counter() - start)
-            kept = len(out.sampled_token_ids[PROBE_ID])  # its next token + the drafts kept
+            # its next token + the drafts kept; the worker holds the blocks of its computed
+            # tokens (those past them went with the rejected positions)
+            kept = len(out.sampled_token_ids[PROBE_ID])
             computed, known = known + kept - 1, known + kept
-            if kept < width:  # the worker dropped the blocks past its computed tokens
-                held = min(held, -(-computed // bs))
         runner.execute_model(SchedulerOutput(finished_req_ids={PROBE_ID}))
     return best
 
