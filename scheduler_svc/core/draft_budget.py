@@ -39,6 +39,9 @@ class DraftBudget:
         self.step_s = [float(t) for t in step_s]
         self.drafted, self.accepted = PRIOR_DRAFTED, PRIOR_ACCEPTED
         self.gap_s = 0.0
+        # (rows, most) -> best: valid until acceptance or gap change, i.e. until a step
+        # verifies drafts; a wide batch that drafts nothing keeps asking the same question
+        self._best: dict[tuple[int, int], int] = {}
 
     @property
     def acceptance(self) -> float:
@@ -59,6 +62,12 @@ class DraftBudget:
         """The drafts this step should take with `rows` requests decoding, at most `most`."""
         if most <= 0 or rows <= 0:
             return 0
+        known = self._best.get((rows, most))
+        if known is None:
+            known = self._best[(rows, most)] = self._search(rows, most)
+        return known
+
+    def _search(self, rows: int, most: int) -> int:
         plain = rows / self.step_time(rows)
         best_d, best_rate = 0, MIN_GAIN * plain
         stride = max(1, most // MAX_CANDIDATES)
@@ -72,7 +81,9 @@ class DraftBudget:
     def verified(self, drafted: int, accepted: int) -> None:
         self.drafted = DECAY * self.drafted + drafted
         self.accepted = DECAY * self.accepted + accepted
+        self._best.clear()
 
     def waited(self, seconds: float) -> None:
         """The worker's idle time before a step with drafts (it waited for the scheduler)."""
         self.gap_s = seconds if not self.gap_s else 0.9 * self.gap_s + 0.1 * seconds
+        self._best.clear()
