@@ -67,6 +67,8 @@ def run_point(num_frontends: int, args, tmp: Path) -> dict:
         "4096",
         "--log-level",
         "warning",
+        # front-ends apart serve the clients; the FrontendLink is served only then
+        *(["--no-client-api"] if num_frontends else []),
     ]
     procs["scheduler"].append(spawn(scheduler_args, tmp / f"scheduler-{num_frontends}.log"))
     for i in range(args.workers):

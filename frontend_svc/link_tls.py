@@ -1,45 +1,41 @@
-"""How a front-end dials the leader's internal port: plaintext (the default), TLS, or mutual
-TLS with a certificate of its own. These are the worker's options (worker_svc/link.py,
-`--tls*`), named `--scheduler-tls*` on the front-end, whose `--tls-*` flags serve its own client
-API as the scheduler's do."""
+"""How a front-end dials the leader's internal port: mutual TLS with the front-end's
+credentials, trusting only the certificate that names the scheduler (common/link_auth.py), or
+plaintext to a scheduler on loopback."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.tls import channel_credentials, open_channel
+import grpc
+
+from common.credentials import Credentials
+from common.link_auth import channel_options, is_loopback, target_host
+
+
+class PlaintextRefused(ConnectionError):
+    """A leader beyond loopback, and no credentials to reach it with."""
 
 
 @dataclass(slots=True, frozen=True)
 class LinkTls:
-    enabled: bool = False  # TLS without a CA file: the system's roots
-    ca_file: str = ""  # the CA that signed the scheduler's certificate (implies TLS)
-    cert_file: str = ""  # this front-end's certificate, for mutual TLS (implies TLS)
-    key_file: str = ""
-    server_name: str = ""  # the name expected in the scheduler's certificate
+    credentials: Credentials | None = None
 
     @property
     def on(self) -> bool:
-        return self.enabled or bool(self.ca_file or self.cert_file or self.key_file)
+        return self.credentials is not None
 
-    def check(self) -> None:
-        """Reads the files once: a missing file or a lone certificate fails at startup rather
-        than on every reconnect."""
-        if self.on:
-            channel_credentials(self.ca_file or None, self.cert_file or None, self.key_file or None)
-        elif self.server_name:
-            raise ValueError("--scheduler-tls-server-name needs TLS (--scheduler-tls)")
-
-    def channel(self, address: str, options: list | None = None):
-        """An aio channel to the leader (the files are read again each time: a renewed
-        certificate is used from the next connection on)."""
-        return open_channel(
-            address,
-            list(options or []),
-            self.on,
-            self.ca_file or None,
-            self.cert_file or None,
-            self.key_file or None,
-            self.server_name or None,
-            aio=True,
-        )
+    def channel(self, address: str, options: list | None = None) -> grpc.aio.Channel:
+        """An aio channel to the leader; PlaintextRefused for one beyond loopback in clear."""
+        options = list(options or [])
+        if self.credentials is not None:
+            return grpc.aio.secure_channel(
+                address,
+                self.credentials.channel_credentials(),
+                options=options + channel_options(self.credentials),
+            )
+        if not is_loopback(target_host(address)):
+            raise PlaintextRefused(
+                f"the leader at {address} is beyond loopback and this front-end has no "
+                "--credentials: requests would travel in clear"
+            )
+        return grpc.aio.insecure_channel(address, options=options)

@@ -9,7 +9,7 @@ from the first token the client has not seen: `start` on each update makes a tok
 twice land once. A leader message from an older epoch than one already accepted is refused.
 Without a leader for `leader_wait_timeout` seconds, requests in flight fail with UNAVAILABLE
 and new ones are refused at once until a leader answers again. The leader's internal port is
-dialled as `tls` says (frontend_svc/link_tls.py): plaintext, TLS or mutual TLS.
+dialled as `tls` says (frontend_svc/link_tls.py): mutual TLS, or plaintext on loopback.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import grpc
 
 from common.client import FINISH_NAMES
 from common.convert import TokenLogprobs, sampling_to_proto
+from common.link_auth import FRONTEND_ID_METADATA
 from common.logging import get_logger
 from common.pb import frontend_link_pb2 as pb
 from common.pb import frontend_link_pb2_grpc as pb_grpc
@@ -122,6 +123,7 @@ class SchedulerLink:
                 await stub.SetPriority(
                     gen_pb.SetPriorityRequest(request_id=request_id, priority=priority),
                     timeout=5.0,
+                    metadata=((FRONTEND_ID_METADATA, self.identity.frontend_id),),
                 )
             except grpc.aio.AioRpcError as exc:
                 raise self.priority_error(exc.code().name, exc.details()) from None

@@ -3,7 +3,8 @@
 With no key configured everything is open. With one, every client call needs it except the
 health checks (gRPC `grpc.health.v1.Health`, HTTP `/health` and `/ready`) and the read-only
 operational pages over HTTP (`/metrics`, `/dashboard`), which carry counts, never prompts or
-outputs. Workers do not use this key: they present --worker-secret when they register.
+outputs. Workers and front-ends do not use this key: they prove themselves to the scheduler by
+mutual TLS (common/link_auth.py).
 """
 
 from __future__ import annotations

@@ -89,7 +89,6 @@ class SchedulerServiceConfig:
         3.0, "a new leader waits at most this long for the old one's workers and front-ends"
     )
     max_migrations: int = _opt(3, "times a request may move to another worker before failing")
-    worker_secret: str = _opt("", "shared secret workers must present (empty = none)")
     api_key: str = _opt(
         "", "key clients must send (HTTP 'Authorization: Bearer KEY', gRPC metadata); empty = none"
     )
@@ -97,9 +96,13 @@ class SchedulerServiceConfig:
     tls_cert_file: str = _opt("", "PEM certificate: serve the client API over TLS")
     tls_key_file: str = _opt("", "PEM private key for --tls-cert-file")
     tls_client_ca_file: str = _opt("", "require client certificates signed by this CA")
-    worker_tls_cert_file: str = _opt("", "PEM certificate for the worker-link port")
-    worker_tls_key_file: str = _opt("", "PEM private key for --worker-tls-cert-file")
-    worker_tls_ca_file: str = _opt("", "mutual TLS: workers must show a certificate of this CA")
+    credentials: str = _opt(
+        "",
+        "directory of this scheduler's credentials (ca.crt, tls.crt, tls.key; `splitserve "
+        "credentials DIR` makes a cluster's): mutual TLS on the worker-link port, where only "
+        "workers' and front-ends' certificates get in, and to etcd. Required unless --host is "
+        "loopback; `splitserve up` passes its own",
+    )
     event_loop: str = _opt(
         "auto", "asyncio loop: auto (uvloop when installed), uvloop, asyncio", choices=EVENT_LOOPS
     )

@@ -129,9 +129,18 @@ class ServingEngine:
         for state in states:  # the same request over an older link of this front-end
             self.drop(state.request_id)
         if self.rebuilding:
-            self._resumed.extend(states)
+            ids = {s.request_id for s in states}
+            self._resumed = [s for s in self._resumed if s.request_id not in ids] + states
             return 0
         return self._place_resumed(states)
+
+    def owner(self, request_id: str) -> str | None:
+        """Who has this request in flight: its front-end's id ("" for a client of this process),
+        or None when nobody has (also while a takeover waits to place it)."""
+        state = self.requests.get(request_id)
+        if state is None:
+            state = next((s for s in self._resumed if s.request_id == request_id), None)
+        return None if state is None else getattr(state, "frontend_id", "")
 
     def begin_rebuild(self) -> None:
         self.rebuilding = True

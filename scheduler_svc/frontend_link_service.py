@@ -14,6 +14,7 @@ from collections.abc import Callable
 import grpc
 
 from common.convert import TokenLogprobs
+from common.link_auth import FRONTEND_ID_METADATA
 from common.logging import get_logger
 from common.pb import frontend_link_pb2 as pb
 from common.pb import frontend_link_pb2_grpc as pb_grpc
@@ -141,7 +142,7 @@ class FrontendLinkService(pb_grpc.FrontendLinkServicer):
         if old is not None:
             self._gone(old, "replaced by a new connection with the same front-end id")
         engine.frontends[session.frontend_id] = session
-        resumed = [self._build(msg, session) for msg in hello.in_flight]
+        resumed = [self._build(msg, session) for msg in self._own(hello.in_flight, session)]
         resumed_ok = [s for s in resumed if s is not None]
         num_adopted = engine.resume(resumed_ok)
         for state in resumed_ok:
@@ -172,6 +173,32 @@ class FrontendLinkService(pb_grpc.FrontendLinkServicer):
             status.cancel()
             self._gone(session, "stream ended")
 
+    def _own(self, in_flight, session: FrontendSession) -> list[pb.SubmitRequest]:
+        """The hello's requests this front-end may resume: not one in flight from another
+        front-end or client (its id would take that request over), and each id once. The
+        others end on this front-end with an error; the request they name is untouched."""
+        mine: dict[str, pb.SubmitRequest] = {}
+        for msg in in_flight:
+            owner = self.engine.owner(msg.request_id)
+            if msg.request_id in mine or (owner is not None and owner != session.frontend_id):
+                log.warning(
+                    "resume_refused",
+                    frontend_id=session.frontend_id,
+                    request_id=msg.request_id,
+                    reason="in flight from another client" if owner else "listed twice",
+                )
+                session.add_update(
+                    msg.request_id,
+                    0,
+                    [],
+                    FinishReason.ERROR,
+                    error=f"request id {msg.request_id!r} is in flight from another client",
+                    error_code="ALREADY_EXISTS",
+                )
+                continue
+            mine[msg.request_id] = msg
+        return list(mine.values())
+
     def _build(self, msg: pb.SubmitRequest, session: FrontendSession) -> RemoteRequest | None:
         try:
             return remote_request(msg, session, session.frontend_id)
@@ -197,8 +224,10 @@ class FrontendLinkService(pb_grpc.FrontendLinkServicer):
                 if kind == "submit":
                     self._submit(msg.submit, session)
                 elif kind == "cancel":
-                    session.request_ids.discard(msg.cancel.request_id)
-                    engine.drop(msg.cancel.request_id)
+                    request_id = msg.cancel.request_id
+                    if request_id in session.request_ids:  # another front-end's: not this one's
+                        session.request_ids.discard(request_id)
+                        engine.drop(request_id)
         except Exception as exc:  # noqa: BLE001 - any stream failure means the front-end is gone
             log.info("frontend_stream_error", frontend_id=session.frontend_id, error=str(exc))
         session.close()
@@ -246,6 +275,12 @@ class FrontendLinkService(pb_grpc.FrontendLinkServicer):
         log.info("frontend_detached", frontend_id=session.frontend_id, reason=reason)
 
     async def SetPriority(self, request, context):  # noqa: N802
+        caller = dict(context.invocation_metadata() or ()).get(FRONTEND_ID_METADATA, "")
+        owner = self.engine.owner(request.request_id)
+        if owner is not None and owner != caller:  # as if unknown: ids of others stay hidden
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"no request {request.request_id!r} from this front-end"
+            )
         try:
             set_priority(self.engine, request.request_id, request.priority)
         except PriorityChangeError as exc:

@@ -10,7 +10,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from common import event_loop
+from common.credentials import Credentials, CredentialsError
 from common.gc_tuning import tune_gc_for_serving
+from common.link_auth import RoleInterceptor, require_credentials_beyond_loopback
 from common.logging import configure_logging, get_logger
 from common.model_source import resolve_model
 from common.pb import (
@@ -62,11 +64,23 @@ def check_config(cfg: SchedulerServiceConfig) -> None:
     )
 
 
+def load_credentials(cfg: SchedulerServiceConfig) -> Credentials | None:
+    """This scheduler's credentials; without them, every port must stay on loopback."""
+    if not cfg.credentials:
+        require_credentials_beyond_loopback(None, "serve the worker-link port on", cfg.host)
+        return None
+    try:
+        return Credentials.load(cfg.credentials, "scheduler")
+    except CredentialsError as exc:
+        raise SystemExit(f"--credentials: {exc}") from exc
+
+
 class SchedulerServer:
     """The running service: two gRPC servers around one ServingEngine."""
 
     def __init__(self, cfg: SchedulerServiceConfig) -> None:
         check_config(cfg)
+        self.credentials = load_credentials(cfg)
         self.cfg = cfg
         source = resolve_model(cfg.model)
         model_name = cfg.served_model_name or source.name
@@ -90,40 +104,7 @@ class SchedulerServer:
         self.port = 0
         if self.intake is not None:
             self.client_server, self.port = self._client_api(cfg, self.intake)
-        self.worker_server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", WORKER_LINK_MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", WORKER_LINK_MAX_MESSAGE_BYTES),
-                ("grpc.keepalive_time_ms", 10_000),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-            ]
-        )
-        worker_link_pb2_grpc.add_WorkerLinkServicer_to_server(
-            WorkerLinkService(self.engine, lambda: self.role.epoch), self.worker_server
-        )
-        frontend_link_pb2_grpc.add_FrontendLinkServicer_to_server(
-            FrontendLinkService(
-                self.engine, self.role, cfg.max_model_len, lambda: self.role.role == "leader"
-            ),
-            self.worker_server,
-        )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.worker_server)
-        reflection.enable_server_reflection(
-            (
-                worker_link_pb2.DESCRIPTOR.services_by_name["WorkerLink"].full_name,
-                frontend_link_pb2.DESCRIPTOR.services_by_name["FrontendLink"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            self.worker_server,
-        )
-        self.worker_port = add_port(
-            self.worker_server,
-            f"{cfg.host}:{cfg.worker_port}",
-            cfg.worker_tls_cert_file,
-            cfg.worker_tls_key_file,
-            cfg.worker_tls_ca_file,
-        )
+        self.worker_server, self.worker_port = self._internal_port(cfg)
         self.http_ctx = HttpContext(
             self.engine, self.intake, cfg.api_key, self.metrics, self.history, cluster=self.cluster
         )
@@ -178,6 +159,43 @@ class SchedulerServer:
             cfg.tls_client_ca_file,
         )
         return server, port
+
+    def _internal_port(self, cfg: SchedulerServiceConfig) -> tuple[grpc.aio.Server, int]:
+        """The worker-link port: workers' WorkerLink, and front-ends' FrontendLink where they
+        run apart (--no-client-api); mutual TLS with each service for its role's certificate
+        only (common/link_auth.py), or plaintext on loopback."""
+        observer = self.engine.observer
+        interceptors = []
+        if self.credentials is not None:
+            interceptors.append(RoleInterceptor(lambda m, r: observer.on_request_rejected("peer")))
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", WORKER_LINK_MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", WORKER_LINK_MAX_MESSAGE_BYTES),
+                ("grpc.keepalive_time_ms", 10_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            ],
+            interceptors=interceptors,
+        )
+        services = [worker_link_pb2.DESCRIPTOR.services_by_name["WorkerLink"].full_name]
+        worker_link_pb2_grpc.add_WorkerLinkServicer_to_server(
+            WorkerLinkService(self.engine, lambda: self.role.epoch), server
+        )
+        if not cfg.client_api:
+            frontend_link_pb2_grpc.add_FrontendLinkServicer_to_server(
+                FrontendLinkService(
+                    self.engine, self.role, cfg.max_model_len, lambda: self.role.role == "leader"
+                ),
+                server,
+            )
+            services.append(frontend_link_pb2.DESCRIPTOR.services_by_name["FrontendLink"].full_name)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection((*services, reflection.SERVICE_NAME), server)
+        address = f"{cfg.host}:{cfg.worker_port}"
+        if self.credentials is None:
+            return server, server.add_insecure_port(address)
+        return server, server.add_secure_port(address, self.credentials.server_credentials())
 
     @property
     def http_port(self) -> int:
@@ -236,7 +254,9 @@ async def serve(cfg: SchedulerServiceConfig) -> int:
     leading = None
     if cfg.etcd:
         info = member_info(cfg, server.role, server.worker_port, server.http_port)
-        leading = asyncio.create_task(lead(cfg, server.engine, server.role, info))
+        leading = asyncio.create_task(
+            lead(cfg, server.engine, server.role, info, server.credentials)
+        )
         leading.add_done_callback(lambda _: stop.set())
     await stop.wait()
     code = 0

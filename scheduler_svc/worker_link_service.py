@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from collections.abc import Callable
 
@@ -129,11 +128,7 @@ class GrpcWorkerTransport:
                 self.lose(f"no answer or heartbeat for {silent:.1f} s")
 
 
-def check_registration(
-    reg: pb.Register, model_name: str, secret: str
-) -> tuple[grpc.StatusCode, str] | None:
-    if secret and not hmac.compare_digest(reg.secret.encode(), secret.encode()):
-        return grpc.StatusCode.UNAUTHENTICATED, "wrong worker secret"
+def check_registration(reg: pb.Register, model_name: str) -> tuple[grpc.StatusCode, str] | None:
     if reg.model and reg.model != model_name:
         return (
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -177,7 +172,7 @@ class WorkerLinkService(pb_grpc.WorkerLinkServicer):
                 "the first message on a worker link must be Register",
             )
         reg = first.register
-        problem = check_registration(reg, self.engine.model_name, self.engine.config.worker_secret)
+        problem = check_registration(reg, self.engine.model_name)
         if problem is not None:
             log.warning("worker_refused", reason=problem[1], peer=context.peer())
             await context.abort(*problem)

@@ -16,6 +16,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common import event_loop
+from common.credentials import Credentials, CredentialsError
+from common.link_auth import require_credentials_beyond_loopback, target_host
 from common.logging import configure_logging, get_logger
 from common.model_source import resolve_model
 from common.pb import generation_pb2
@@ -63,19 +65,28 @@ class FrontendConfig:
     tls_cert_file: str = _opt("", "PEM certificate: serve the client API (gRPC, HTTP) over TLS")
     tls_key_file: str = _opt("", "PEM private key for --tls-cert-file")
     tls_client_ca_file: str = _opt("", "require client certificates signed by this CA")
-    scheduler_tls: bool = _opt(False, "dial the leader scheduler's internal port over TLS")
-    scheduler_tls_ca_file: str = _opt(
-        "", "CA that signed the scheduler's certificate (implies --scheduler-tls)"
+    credentials: str = _opt(
+        "",
+        "directory of this front-end's credentials (ca.crt, tls.crt, tls.key): mutual TLS to "
+        "the leader scheduler (only a certificate naming splitserve-scheduler is trusted) and "
+        "to etcd. Required unless the scheduler is on loopback",
     )
-    scheduler_tls_cert_file: str = _opt(
-        "", "this front-end's certificate for the scheduler link, for mutual TLS"
-    )
-    scheduler_tls_key_file: str = _opt("", "private key for --scheduler-tls-cert-file")
-    scheduler_tls_server_name: str = _opt("", "expected name in the scheduler's certificate")
     max_message_bytes: int = _opt(4 * 1024 * 1024, "largest client gRPC message accepted")
     event_loop: str = _opt("auto", "asyncio loop: auto, uvloop, asyncio")
     log_level: str = _opt("info", "log level")
     log_json: bool = _opt(True, "JSON log lines")
+
+
+def load_credentials(cfg: FrontendConfig) -> Credentials | None:
+    """The front-end's credentials; without them it reaches a leader on loopback only."""
+    if cfg.credentials:
+        try:
+            return Credentials.load(cfg.credentials, "frontend")
+        except CredentialsError as exc:
+            raise SystemExit(f"--credentials: {exc}") from exc
+    upstream = cfg.etcd or cfg.scheduler
+    require_credentials_beyond_loopback(None, "reach the scheduler through", target_host(upstream))
+    return None
 
 
 class FrontendServer:
@@ -94,15 +105,13 @@ class FrontendServer:
             http_address=f"{shown}:{cfg.http_port}" if cfg.http_port else "",
             grpc_address=f"{shown}:{cfg.port}",
         )
-        finder = EtcdLeader(cfg.etcd) if cfg.etcd else FixedLeader(cfg.scheduler)
-        link_tls = LinkTls(
-            enabled=cfg.scheduler_tls,
-            ca_file=cfg.scheduler_tls_ca_file,
-            cert_file=cfg.scheduler_tls_cert_file,
-            key_file=cfg.scheduler_tls_key_file,
-            server_name=cfg.scheduler_tls_server_name,
+        credentials = load_credentials(cfg)
+        finder = (
+            EtcdLeader(cfg.etcd, credentials=credentials)
+            if cfg.etcd
+            else FixedLeader(cfg.scheduler)
         )
-        link_tls.check()
+        link_tls = LinkTls(credentials)
         self.link = SchedulerLink(
             identity,
             model_name,
@@ -180,7 +189,7 @@ class FrontendServer:
             port=self.port,
             http_port=self.http.port if self.http is not None else 0,
             leader_from=self.cfg.etcd or self.cfg.scheduler,
-            scheduler_tls=self.link.tls.on,
+            internal_tls=self.link.tls.on,
             client_tls=bool(self.cfg.tls_cert_file),
         )
 

@@ -10,23 +10,37 @@ import signal
 import sys
 import tempfile
 import threading
+from pathlib import Path
 
+from common.credentials import create_cluster, default_state_dir
 from common.etcd_server import free_port
-from common.logging import configure_logging
+from common.logging import configure_logging, get_logger
 from common.settings import dataclass_from_args, to_argv
 from splitserve.supervisor import ChildSpec, Supervisor, SupervisorConfig, spawn_process
 
 WORKER_NICE = 5
+CREDENTIALS_NOTE = (
+    "every internal link is mutual TLS under this cluster's CA; give a worker or front-end on "
+    "another host its role's directory (--credentials DIR/worker, DIR/frontend)"
+)
+log = get_logger("splitserve.up")
 
 
-def child_specs(args: argparse.Namespace, cfg, etcd_data_dir: str = "") -> list[ChildSpec]:
+def child_specs(
+    args: argparse.Namespace, cfg, etcd_data_dir: str = "", credentials: Path | None = None
+) -> list[ChildSpec]:
     """etcd (with several schedulers and no --etcd), the schedulers, the front-ends, the
-    workers; secrets are not on these command lines. With front-ends apart, they own the
-    public ports (--port, --http-port, shared through SO_REUSEPORT) and each scheduler gets
-    its own: its HTTP port still serves /metrics and the dashboard."""
+    workers, each with its role's directory of the cluster's `credentials` (mutual TLS on
+    every internal link); secrets are not on these command lines. With front-ends apart, they
+    own the public ports (--port, --http-port, shared through SO_REUSEPORT) and each scheduler
+    gets its own: its HTTP port still serves /metrics and the dashboard."""
     cli = [sys.executable, "-m", "splitserve.cli"]
+
+    def role(name: str) -> list[str]:
+        return ["--credentials", str(credentials / name)] if credentials is not None else []
+
     argv = to_argv(cfg)
-    for flag in ("--api-key", "--worker-secret", "--etcd", "--scheduler-id"):
+    for flag in ("--api-key", "--etcd", "--scheduler-id", "--credentials"):
         k = argv.index(flag)
         del argv[k : k + 2]
     specs: list[ChildSpec] = []
@@ -46,6 +60,8 @@ def child_specs(args: argparse.Namespace, cfg, etcd_data_dir: str = "") -> list[
                     str(args.etcd_port),
                     "--data-dir",
                     etcd_data_dir,
+                    *role("etcd"),
+                    *(["--root-credentials", str(credentials / "root")] if credentials else []),
                 ],
                 kind="etcd",
             )
@@ -61,6 +77,7 @@ def child_specs(args: argparse.Namespace, cfg, etcd_data_dir: str = "") -> list[
             if cfg.http_port:
                 own = _replace(own, "--http-port", str(free_port()))
         own = _replace(own, "--worker-port", str(worker_ports[i]))
+        own = [*own, *role("scheduler")]
         if etcd:
             own = [*own, "--etcd", etcd, "--scheduler-id", f"scheduler-{i}"]
         specs.append(
@@ -90,6 +107,7 @@ def child_specs(args: argparse.Namespace, cfg, etcd_data_dir: str = "") -> list[
             cfg.log_level,
             "--log-json" if cfg.log_json else "--no-log-json",
             *follow,
+            *role("frontend"),
         ]
         if cfg.model:
             frontend_argv += ["--model", cfg.model]
@@ -100,6 +118,7 @@ def child_specs(args: argparse.Namespace, cfg, etcd_data_dir: str = "") -> list[
             *cli,
             "worker",
             *follow,
+            *role("worker"),
             "--worker-id",  # a restarted worker keeps it: dashboards and metrics stay readable
             f"worker-{i}",
             "--num-threads",
@@ -140,15 +159,18 @@ def run_up(args: argparse.Namespace) -> int:
     check_supervisor_config(sup_cfg)
     configure_logging(cfg.log_level, cfg.log_json)
     # secrets travel in the children's environment, not on their command lines (ps shows those)
-    env = dict(
-        os.environ, SPLITSERVE_API_KEY=cfg.api_key, SPLITSERVE_WORKER_SECRET=cfg.worker_secret
-    )
+    env = dict(os.environ, SPLITSERVE_API_KEY=cfg.api_key)
+    for name in ("SPLITSERVE_CREDENTIALS", "SPLITSERVE_WORKER_SECRET"):  # children get theirs
+        env.pop(name, None)
+    state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
+    credentials = create_cluster(state_dir / "credentials")
+    log.info("credentials", directory=str(credentials), message=CREDENTIALS_NOTE)
     if args.schedulers < 1 or args.frontends < 0 or args.workers < 0:
         raise SystemExit("--schedulers must be 1 or more, --frontends and --workers 0 or more")
     if args.schedulers > 1 and args.frontends == 0:
         args.frontends = 1  # clients must not hang on a scheduler process that can die
     etcd_dir = tempfile.mkdtemp(prefix="splitserve-etcd-")
-    specs = child_specs(args, cfg, etcd_dir)
+    specs = child_specs(args, cfg, etcd_dir, credentials)
     # the control plane (etcd, schedulers, front-ends) before the compute: on a machine the
     # workers saturate, a starved scheduler would miss its lease keepalives and hand over
     niced = {tuple(spec.argv) for spec in specs if spec.role == "worker"}

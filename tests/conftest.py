@@ -48,3 +48,14 @@ def smollm2_path():
         return default_model_path()
     except ValueError as exc:
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def cluster_credentials(tmp_path_factory):
+    """A cluster's credentials as `splitserve up` makes them: DIR/<role> for each role, and
+    those of a rogue cluster (another CA) under DIR/rogue/<role>."""
+    from common.credentials import create_cluster
+
+    root = tmp_path_factory.mktemp("credentials")
+    create_cluster(root / "rogue")
+    return create_cluster(root / "cluster")

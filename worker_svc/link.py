@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 import grpc
 
 from common.convert import decode_step, encode_step_result
+from common.credentials import Credentials
 from common.gc_tuning import tune_gc_for_serving
+from common.link_auth import channel_options, is_loopback, target_host
 from common.logging import get_logger
 from common.pb import worker_link_pb2 as pb
 from common.pb import worker_link_pb2_grpc as pb_grpc
-from common.tls import open_channel
 
 log = get_logger("splitserve.worker")
 
@@ -37,7 +38,6 @@ class WorkerLinkConfig:
     scheduler: str = _opt("localhost:50052", "scheduler's worker-link address HOST:PORT")
     etcd: str = _opt("", "etcd HOST:PORT: follow the leader scheduler there instead of --scheduler")
     worker_id: str = _opt("", "this worker's id (default: host-pid)")
-    worker_secret: str = _opt("", "shared secret the scheduler expects")
     heartbeat_interval: float = _opt(2.0, "seconds between heartbeats")
     reconnect_max_backoff: float = _opt(10.0, "longest wait between reconnect attempts")
     drain_timeout: float = _opt(30.0, "on SIGTERM: seconds to finish running requests")
@@ -52,11 +52,12 @@ class WorkerLinkConfig:
         "freeze what exists at start (the model) out of GC and collect young objects less "
         "often: full collections otherwise walk it all, several times a second",
     )
-    tls: bool = _opt(False, "dial the scheduler over TLS")
-    tls_ca_file: str = _opt("", "CA that signed the scheduler's certificate (implies --tls)")
-    tls_cert_file: str = _opt("", "this worker's certificate, for mutual TLS")
-    tls_key_file: str = _opt("", "this worker's private key, for mutual TLS")
-    tls_server_name: str = _opt("", "expected name in the scheduler's certificate")
+    credentials: str = _opt(
+        "",
+        "directory of this worker's credentials (ca.crt, tls.crt, tls.key): mutual TLS to the "
+        "scheduler (only a certificate naming splitserve-scheduler is trusted) and to etcd. "
+        "Required unless the scheduler is on loopback",
+    )
     log_level: str = _opt("info", "log level")
     log_json: bool = _opt(True, "JSON log lines")
 
@@ -64,9 +65,12 @@ class WorkerLinkConfig:
 class WorkerLinkClient:
     """Holds one stream to the scheduler at a time; runs `runner.execute_model` per Step."""
 
-    def __init__(self, cfg: WorkerLinkConfig, runner) -> None:
+    def __init__(
+        self, cfg: WorkerLinkConfig, runner, credentials: Credentials | None = None
+    ) -> None:
         self.cfg = cfg
         self.runner = runner
+        self.credentials = credentials  # None: plaintext, to a scheduler on loopback only
         self.worker_id = cfg.worker_id
         self.stopping = threading.Event()
         self.draining = False
@@ -94,7 +98,6 @@ class WorkerLinkClient:
             max_model_len=r.max_model_len,
             vocab_size=r.vocab_size,
             eos_token_id=-1 if eos is None else eos,
-            secret=self.cfg.worker_secret,
             device=str(getattr(r, "device", "")),
             dtype=str(getattr(r, "dtype", "")),
             kernels=getattr(r, "kernels", "simulated"),
@@ -208,7 +211,7 @@ class WorkerLinkClient:
             else:
                 self.switch_scheduler(leader.info["worker_address"])
 
-        watcher = LeaderWatcherThread(self.cfg.etcd, on_change)
+        watcher = LeaderWatcherThread(self.cfg.etcd, on_change, credentials=self.credentials)
         watcher.start()
         log.info("waiting_for_leader", etcd=self.cfg.etcd)
         while not self.stopping.is_set() and watcher.wait_for_leader(1.0) is None:
@@ -246,15 +249,21 @@ class WorkerLinkClient:
         attached = False
         cfg = self.cfg
         address = cfg.scheduler
-        channel = open_channel(
-            address,
-            options,
-            cfg.tls or bool(cfg.tls_ca_file or cfg.tls_cert_file),
-            cfg.tls_ca_file or None,
-            cfg.tls_cert_file or None,
-            cfg.tls_key_file or None,
-            cfg.tls_server_name or None,
-        )
+        if self.credentials is not None:
+            channel = grpc.secure_channel(
+                address,
+                self.credentials.channel_credentials(),
+                options=options + channel_options(self.credentials),
+            )
+        elif is_loopback(target_host(address)):
+            channel = grpc.insecure_channel(address, options=options)
+        else:  # a leader named in etcd beyond loopback: prompts must not travel in clear
+            log.error(
+                "refused_plaintext_link",
+                scheduler=address,
+                message="the scheduler is beyond loopback and this worker has no --credentials",
+            )
+            return False
         with channel:
             stub = pb_grpc.WorkerLinkStub(channel)
             self._call = call = stub.Connect(requests())

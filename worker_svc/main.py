@@ -6,6 +6,8 @@ import os
 import signal
 import socket
 
+from common.credentials import Credentials, CredentialsError
+from common.link_auth import require_credentials_beyond_loopback, target_host
 from common.logging import configure_logging, get_logger
 from worker_svc.link import WorkerLinkClient, WorkerLinkConfig
 from worker_svc.sim_runner import SimConfig, SimRunner
@@ -13,6 +15,18 @@ from worker_svc.sim_runner import SimConfig, SimRunner
 log = get_logger("splitserve.worker")
 
 OMP_SPIN_COUNT = 300_000  # iterations an idle OpenMP thread spins before sleeping (as libgomp)
+
+
+def load_credentials(link_cfg: WorkerLinkConfig) -> Credentials | None:
+    """The worker's credentials; without them it dials a scheduler on loopback only."""
+    if link_cfg.credentials:
+        return Credentials.load(link_cfg.credentials, "worker")
+    if link_cfg.etcd:
+        require_credentials_beyond_loopback(None, "follow the etcd at", target_host(link_cfg.etcd))
+    else:
+        host = target_host(link_cfg.scheduler)
+        require_credentials_beyond_loopback(None, "dial the scheduler at", host)
+    return None
 
 
 def main(link_cfg: WorkerLinkConfig, runner_cfg, sim_cfg: SimConfig | None = None) -> int:
@@ -25,6 +39,11 @@ def main(link_cfg: WorkerLinkConfig, runner_cfg, sim_cfg: SimConfig | None = Non
     # loads its OpenMP runtime; OMP_WAIT_POLICY or GOMP_SPINCOUNT set by the user win.
     if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
         os.environ["GOMP_SPINCOUNT"] = str(OMP_SPIN_COUNT)
+    try:  # before the model loads: a wrong flag fails in a second, not after minutes
+        credentials = load_credentials(link_cfg)
+    except CredentialsError as exc:
+        log.error("worker_refused", reason=f"--credentials: {exc}")
+        return 2
     if not link_cfg.worker_id:
         link_cfg.worker_id = f"{socket.gethostname()}-{os.getpid()}"
     if sim_cfg is not None and sim_cfg.simulate:
@@ -52,7 +71,7 @@ def main(link_cfg: WorkerLinkConfig, runner_cfg, sim_cfg: SimConfig | None = Non
         forward=getattr(runner, "forward_path", "simulated"),
         kernels=getattr(runner, "kernels", "simulated"),
     )
-    client = WorkerLinkClient(link_cfg, runner)
+    client = WorkerLinkClient(link_cfg, runner, credentials)
 
     def on_signal(signum, frame) -> None:
         log.info("worker_stopping", signal=signal.Signals(signum).name)

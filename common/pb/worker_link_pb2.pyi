@@ -46,7 +46,7 @@ class Drained(_message.Message):
     def __init__(self, num_finished: _Optional[int] = ..., num_handed_back: _Optional[int] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("worker_id", "model", "block_size", "num_device_blocks", "num_host_blocks", "max_model_len", "vocab_size", "eos_token_id", "secret", "device", "dtype", "prefill_s_per_token", "prefill_s_per_token_ctx", "swap_bytes_per_s", "swap_latency_s", "kv_bytes_per_block", "kernels", "epoch", "held", "host", "pid", "verify_step_s")
+    __slots__ = ("worker_id", "model", "block_size", "num_device_blocks", "num_host_blocks", "max_model_len", "vocab_size", "eos_token_id", "device", "dtype", "prefill_s_per_token", "prefill_s_per_token_ctx", "swap_bytes_per_s", "swap_latency_s", "kv_bytes_per_block", "kernels", "epoch", "held", "host", "pid", "verify_step_s")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -55,7 +55,6 @@ class Register(_message.Message):
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
-    SECRET_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     PREFILL_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -77,7 +76,6 @@ class Register(_message.Message):
     max_model_len: int
     vocab_size: int
     eos_token_id: int
-    secret: str
     device: str
     dtype: str
     prefill_s_per_token: float
@@ -91,7 +89,7 @@ class Register(_message.Message):
     host: str
     pid: int
     verify_step_s: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., secret: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., prefill_s_per_token: _Optional[float] = ..., prefill_s_per_token_ctx: _Optional[float] = ..., swap_bytes_per_s: _Optional[float] = ..., swap_latency_s: _Optional[float] = ..., kv_bytes_per_block: _Optional[int] = ..., kernels: _Optional[str] = ..., epoch: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldRequest, _Mapping]]] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., verify_step_s: _Optional[_Iterable[float]] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., prefill_s_per_token: _Optional[float] = ..., prefill_s_per_token_ctx: _Optional[float] = ..., swap_bytes_per_s: _Optional[float] = ..., swap_latency_s: _Optional[float] = ..., kv_bytes_per_block: _Optional[int] = ..., kernels: _Optional[str] = ..., epoch: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldRequest, _Mapping]]] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., verify_step_s: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class HeldRequest(_message.Message):
     __slots__ = ("request_id", "block_ids", "num_computed_tokens", "num_tokens")

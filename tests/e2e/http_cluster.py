@@ -1,6 +1,6 @@
 """One real cluster shared by the HTTP / metrics / dashboard / auth / bench e2e modules.
 
-A scheduler with its HTTP port, an API key and a worker secret, and one SmolLM2 worker. It is
+A scheduler with its HTTP port and an API key, and one SmolLM2 worker. It is
 started by the first module that asks (through its own module fixture) and stopped when the
 test process exits, so the worker loads the model once for all these modules.
 """
@@ -18,7 +18,6 @@ from tests.e2e.conftest import SCHEDULER_FLAGS, WORKER_FLAGS
 from tests.e2e.procs import Cluster, free_port
 
 API_KEY = "e2e-api-key"
-WORKER_SECRET = "e2e-worker-secret"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
@@ -80,10 +79,8 @@ def shared_http_cluster(tmp_path_factory) -> HttpCluster:
             str(http_port),
             "--api-key",
             API_KEY,
-            "--worker-secret",
-            WORKER_SECRET,
         )
-        c.start_worker("w0", *WORKER_FLAGS, "--worker-secret", WORKER_SECRET)
+        c.start_worker("w0", *WORKER_FLAGS)
         with SplitserveClient(c.target, api_key=API_KEY) as client:
             client.wait_for_workers(1, timeout=240)
         deadline = time.monotonic() + 30

@@ -1,5 +1,5 @@
-"""TLS on the client API, mutual TLS on worker links, and admission control (queue bound,
-per-tenant rates, unknown tenants), with simulated workers."""
+"""TLS on the client API, the cluster's mutual TLS on worker links, and admission control
+(queue bound, per-tenant rates, unknown tenants), with simulated workers."""
 
 from __future__ import annotations
 
@@ -26,12 +26,12 @@ def wait_workers(client, n, timeout=60):
         time.sleep(0.05)
 
 
-def test_tls_client_api_and_mutual_tls_worker_link(tmp_path):
-    ca = CertAuthority(tmp_path)
+def test_tls_client_api_and_the_clusters_mutual_tls_on_worker_links(
+    tmp_path, cluster_credentials
+):
+    ca = CertAuthority(tmp_path)  # the client API's own certificate, of the operator's CA
     server_cert, server_key = ca.issue("localhost", server=True)
-    worker_cert, worker_key = ca.issue("worker-1", server=False)
-    rogue_ca = CertAuthority(tmp_path, "rogue CA")
-    rogue_cert, rogue_key = rogue_ca.issue("rogue-worker", server=False)
+    rogue = cluster_credentials.parent / "rogue"
     c = Cluster(tmp_path)
     try:
         http_port = free_port()
@@ -42,38 +42,16 @@ def test_tls_client_api_and_mutual_tls_worker_link(tmp_path):
             server_cert,
             "--tls-key-file",
             server_key,
-            "--worker-tls-cert-file",
-            server_cert,
-            "--worker-tls-key-file",
-            server_key,
-            "--worker-tls-ca-file",
-            ca.cert_file,
+            "--credentials",
+            str(cluster_credentials / "scheduler"),
         )
-        good = c.start_worker(
-            "good",
-            *SIM,
-            "--tls-ca-file",
-            ca.cert_file,
-            "--tls-cert-file",
-            worker_cert,
-            "--tls-key-file",
-            worker_key,
-            "--tls-server-name",
-            "localhost",
+        good = c.start_worker("good", *SIM, "--credentials", str(cluster_credentials / "worker"))
+        outsider = c.start_worker("outsider", *SIM, "--credentials", str(rogue / "worker"))
+        plain = c.start_worker("plain", *SIM)  # no credentials: plaintext to loopback
+        # a front-end's credentials are not a worker's: refused before the worker starts
+        wrong_role = c.start_worker(
+            "wrong-role", *SIM, "--credentials", str(cluster_credentials / "frontend")
         )
-        rogue = c.start_worker(
-            "rogue",
-            *SIM,
-            "--tls-ca-file",
-            ca.cert_file,
-            "--tls-cert-file",
-            rogue_cert,
-            "--tls-key-file",
-            rogue_key,
-            "--tls-server-name",
-            "localhost",
-        )
-        plain = c.start_worker("plain", *SIM)  # no TLS at all
         with SplitserveClient(
             c.target, timeout=30, tls_ca_file=ca.cert_file, tls_server_name="localhost"
         ) as client:
@@ -84,8 +62,10 @@ def test_tls_client_api_and_mutual_tls_worker_link(tmp_path):
                 token_ids=[5, 6, 7], max_tokens=3, ignore_eos=True, temperature=0.0
             )
             assert len(result.token_ids) == 3
-        assert good.alive() and rogue.alive() and plain.alive()  # they keep retrying
-        # the HTTP API is served over TLS with the same certificate
+        assert good.alive() and outsider.alive() and plain.alive()  # they keep retrying
+        assert wrong_role.popen.wait(30) == 2
+        assert "a frontend's certificate; this process is a worker" in wrong_role.log()
+        # the HTTP API is served over TLS with the client API's certificate
         response = httpx.get(
             f"https://127.0.0.1:{http_port}/v1/models",
             verify=ssl.create_default_context(cafile=ca.cert_file),

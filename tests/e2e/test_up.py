@@ -5,6 +5,7 @@ dies. Simulated workers (`--simulate`): the supervision does not need a model.""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -78,6 +79,7 @@ def splitserve_up(tmp_path: Path, *flags: str):
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
+            env=dict(os.environ, SPLITSERVE_STATE_DIR=str(tmp_path / "state")),
         )
     up = Up(popen, port, log_path)
     seen: dict[int, psutil.Process] = {}
@@ -175,7 +177,7 @@ class Streams:
 
 
 def test_up_starts_and_stops_everything(tmp_path):
-    flags = ("--workers", "2", "--api-key", "sekrit", "--worker-secret", "w-sekrit")
+    flags = ("--workers", "2", "--api-key", "sekrit")
     with splitserve_up(tmp_path, *flags, "--worker-arg=--simulate") as up:
         with SplitserveClient(up.target, api_key="sekrit", timeout=30) as client:
             info = client.wait_for_workers(2, timeout=90)
@@ -184,8 +186,15 @@ def test_up_starts_and_stops_everything(tmp_path):
             assert len(result.token_ids) == 4
         children = up.children()
         assert len(children) == 3
-        for child in children:  # secrets are not on any command line
-            assert not any("sekrit" in part for part in child.cmdline())
+        for child in children:  # secrets are not on any command line, nor keys
+            assert not any("sekrit" in part or "PRIVATE KEY" in part for part in child.cmdline())
+        # up made the cluster's credentials in its state directory, private to this user
+        credentials = tmp_path / "state" / "credentials"
+        assert (credentials / "ca" / "ca.key").stat().st_mode & 0o077 == 0
+        roles = [child.cmdline()[child.cmdline().index("--credentials") + 1] for child in children]
+        assert sorted(roles) == sorted(
+            str(credentials / r) for r in ("scheduler", "worker", "worker")
+        )
         up.popen.send_signal(signal.SIGINT)
         assert up.popen.wait(30) == 0
         assert not any(alive(c) for c in children)

@@ -230,3 +230,54 @@ def test_a_requests_targets_cross_the_link_to_the_leaders_record():
         link._submit_message(make_state("u", [5], 4)), sink=None, frontend_id="fe"
     )
     assert (untargeted.ttft_target_s, untargeted.tpot_target_s) == (None, None)
+
+
+class SlowWorker(FakeWorker):
+    """A step takes a few milliseconds: long requests are still running while a test acts."""
+
+    async def execute(self, out):
+        await asyncio.sleep(0.004)
+        return await FakeWorker.execute(self, out)
+
+
+@run_async
+async def test_a_frontend_cannot_take_over_cancel_or_reprioritise_another_frontends_request():
+    from common.link_auth import FRONTEND_ID_METADATA
+    from common.pb import frontend_link_pb2 as fpb
+    from common.pb import generation_pb2 as gen_pb
+
+    engine, session, task, leader, link = await started(SlowWorker())
+    victim = make_state("victim", [5, 6, 7], 200)
+    link.submit(victim)
+    await wait_for(lambda: len(victim.output_token_ids) >= 3)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{leader.port}")
+    stub = frontend_link_pb2_grpc.FrontendLinkStub(channel)
+    call = stub.Connect()
+    try:
+        hijack = fpb.SubmitRequest(request_id="victim", prompt_token_ids=[1, 2], eos_token_id=-1)
+        hijack.sampling.max_tokens = 4
+        hello = fpb.FrontendHello(frontend_id="fe-other", in_flight=[hijack])
+        await call.write(fpb.FrontendMessage(hello=hello))
+        seen: list = []
+        while not any(u.request_id == "victim" for m in seen for u in m.tokens.updates):
+            seen.append(await asyncio.wait_for(call.read(), 10))
+        refusal = next(u for m in seen for u in m.tokens.updates if u.request_id == "victim")
+        assert refusal.error_code == "ALREADY_EXISTS" and not refusal.token_ids
+        await call.write(fpb.FrontendMessage(cancel=fpb.CancelRequest(request_id="victim")))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.SetPriority(
+                gen_pb.SetPriorityRequest(request_id="victim", priority=5),
+                metadata=((FRONTEND_ID_METADATA, "fe-other"),),
+            )
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+        tokens, deltas = await asyncio.wait_for(drain(victim), 30)
+        assert tokens == reference([5, 6, 7], 200)  # whole, undisturbed
+        assert deltas[-1].finish_reason == FinishReason.LENGTH
+        assert not session.lost
+        assert all(u.request_id != "victim" or u.error for m in seen for u in m.tokens.updates)
+    finally:
+        call.cancel()
+        await channel.close()
+        await link.stop()
+        await leader.stop()
+        task.cancel()

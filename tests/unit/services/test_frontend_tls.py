@@ -1,24 +1,23 @@
-"""A front-end's link to the leader over TLS: a SchedulerLink (frontend_svc) dials a real
-FrontendLinkService whose port serves mutual TLS (common/tls.add_port, as the scheduler's
-`--worker-tls-*` flags set it up), in front of a ServingEngine with a fake worker. With the CA,
-its own certificate and the server name it connects and tokens stream; without a client
-certificate, with one of another CA, or in plaintext the port refuses it. The front-end's
-`--scheduler-tls*` and `--tls-*` flags exist and reach the link."""
+"""A front-end's link to the leader over mutual TLS: a SchedulerLink (frontend_svc) dials a real
+FrontendLinkService whose port serves the cluster's mutual TLS with the scheduler's certificate
+(as `splitserve scheduler --credentials` does), in front of a ServingEngine with a fake worker.
+With the front-end's credentials it connects and tokens stream; without a certificate, with one
+of another CA, with another role's, or in plaintext it gets nothing. A link without credentials
+refuses to dial a leader beyond loopback. The front-end also serves its client API over TLS."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
 
 import grpc
 import pytest
 
+from common.credentials import Credentials
+from common.link_auth import RoleInterceptor
 from common.pb import frontend_link_pb2_grpc
-from common.settings import add_dataclass_args, dataclass_from_args
-from common.tls import add_port
 from frontend_svc.leader_finder import FixedLeader
-from frontend_svc.link_tls import LinkTls
+from frontend_svc.link_tls import LinkTls, PlaintextRefused
 from frontend_svc.scheduler_link import FrontendIdentity, SchedulerLink
 from scheduler_svc.cluster_view import SchedulerRole
 from scheduler_svc.core import FinishReason, RequestRejected
@@ -48,14 +47,13 @@ def run_async(test):
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
+    """For the client API's own TLS (any CA the operator chooses)."""
     directory = tmp_path_factory.mktemp("certs")
     ca = CertAuthority(directory)
-    rogue = CertAuthority(directory, "rogue CA")
     return {
         "ca": ca.cert_file,
         "server": ca.issue("localhost", server=True),  # SANs: localhost, 127.0.0.1
-        "frontend": ca.issue("frontend-1", server=False),
-        "rogue": rogue.issue("rogue-frontend", server=False),
+        "client": ca.issue("client-1", server=False),
     }
 
 
@@ -73,24 +71,25 @@ def make_link(port: int, tls: LinkTls) -> SchedulerLink:
 
 
 class TlsLeader:
-    """The scheduler's internal port as `--worker-tls-cert-file/-key-file/-ca-file` serve it."""
+    """The scheduler's internal port as `splitserve scheduler --credentials DIR` serves it."""
 
-    def __init__(self, certs: dict) -> None:
+    def __init__(self, credentials: Credentials) -> None:
         self.engine = make_engine()
         self.session = self.engine.attach(registration("w0"), FakeWorker())
-        self.certs = certs
+        self.credentials = credentials
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.task: asyncio.Task | None = None
 
     async def start(self) -> None:
         self.task = asyncio.create_task(run_session(self.engine, self.session))
-        self.server = grpc.aio.server()
+        self.server = grpc.aio.server(interceptors=[RoleInterceptor()])
         frontend_link_pb2_grpc.add_FrontendLinkServicer_to_server(
             FrontendLinkService(self.engine, SchedulerRole(), 512), self.server
         )
-        cert, key = self.certs["server"]
-        self.port = add_port(self.server, "127.0.0.1:0", cert, key, self.certs["ca"])
+        self.port = self.server.add_secure_port(
+            "127.0.0.1:0", self.credentials.server_credentials()
+        )
         await self.server.start()
 
     async def stop(self) -> None:
@@ -100,21 +99,19 @@ class TlsLeader:
         await asyncio.gather(self.task, return_exceptions=True)
 
 
-def mutual(certs: dict, **changes) -> LinkTls:
-    cert, key = certs["frontend"]
-    fields = {"ca_file": certs["ca"], "cert_file": cert, "key_file": key}
-    return LinkTls(**{**fields, "server_name": "localhost", **changes})
+def role(cluster_credentials, name: str, cluster: str = "") -> Credentials:
+    base = cluster_credentials.parent / "rogue" if cluster == "rogue" else cluster_credentials
+    return Credentials.load(base / name)
 
 
 @run_async
-async def test_a_frontend_with_its_certificate_reaches_a_mutual_tls_leader_and_tokens_stream(
-    certs,
+async def test_a_frontend_with_its_credentials_reaches_the_leader_and_tokens_stream(
+    cluster_credentials,
 ):
-    leader = TlsLeader(certs)
+    leader = TlsLeader(role(cluster_credentials, "scheduler"))
     await leader.start()
-    # dialled as 127.0.0.1, verified as localhost: the certificate's name, as in a cluster where
-    # the leader's per-pod name differs from the name in the certificate
-    link = make_link(leader.port, mutual(certs))
+    # dialled as 127.0.0.1, verified as splitserve-scheduler: whatever address etcd names
+    link = make_link(leader.port, LinkTls(role(cluster_credentials, "frontend")))
     try:
         await link.start()
         await asyncio.wait_for(link.connected.wait(), 10)
@@ -123,8 +120,8 @@ async def test_a_frontend_with_its_certificate_reaches_a_mutual_tls_leader_and_t
         tokens, deltas = await asyncio.wait_for(drain(state), 10)
         assert tokens == reference([5, 6, 7], 8)
         assert deltas[-1].finish_reason == FinishReason.LENGTH
-        # SetPriority dials its own channel: over TLS too (the request has finished: NOT_FOUND
-        # from the leader, not UNAVAILABLE from a refused handshake)
+        # SetPriority dials its own channel: over mutual TLS too (the request has finished:
+        # NOT_FOUND from the leader, not UNAVAILABLE from a refused handshake)
         with pytest.raises(PriorityChangeError) as refused:
             await link.change_priority("r0", 3)
         assert refused.value.code == "NOT_FOUND", str(refused.value)
@@ -134,19 +131,19 @@ async def test_a_frontend_with_its_certificate_reaches_a_mutual_tls_leader_and_t
 
 
 @run_async
-async def test_the_mutual_tls_port_refuses_a_frontend_without_a_certificate_of_its_ca(certs):
-    leader = TlsLeader(certs)
+async def test_the_leader_refuses_a_frontend_without_a_frontend_certificate_of_its_ca(
+    cluster_credentials,
+):
+    leader = TlsLeader(role(cluster_credentials, "scheduler"))
     await leader.start()
-    rogue_cert, rogue_key = certs["rogue"]
     links = {
-        "no client certificate": make_link(leader.port, LinkTls(ca_file=certs["ca"])),
-        "another CA's certificate": make_link(
-            leader.port, mutual(certs, cert_file=rogue_cert, key_file=rogue_key)
+        "another CA's front-end": make_link(
+            leader.port, LinkTls(role(cluster_credentials, "frontend", "rogue"))
+        ),
+        "a worker's certificate": make_link(
+            leader.port, LinkTls(role(cluster_credentials, "worker"))
         ),
         "plaintext": make_link(leader.port, LinkTls()),
-        "a name not in the certificate": make_link(
-            leader.port, mutual(certs, server_name="splitserve-scheduler.elsewhere.svc")
-        ),
     }
     try:
         for link in links.values():
@@ -154,61 +151,51 @@ async def test_the_mutual_tls_port_refuses_a_frontend_without_a_certificate_of_i
         await asyncio.sleep(REFUSED_WITHIN_S)
         connected = [why for why, link in links.items() if link.connected.is_set()]
         assert connected == []
+        assert leader.engine.frontends == {}
     finally:
         for link in links.values():
             await link.stop()
         await leader.stop()
 
 
-def test_link_tls_settings_fail_at_startup_not_on_every_reconnect(certs, tmp_path):
-    cert, key = certs["frontend"]
+@run_async
+async def test_a_frontend_trusts_only_the_scheduler_certificate_of_its_cluster(
+    cluster_credentials,
+):
+    """A rogue leader (etcd or a flag pointing elsewhere) with a certificate of another
+    cluster, or with a worker's certificate of this one, gets no hello: the handshake fails
+    before the front-end sends its requests."""
+    rogues = [
+        TlsLeader(role(cluster_credentials, "scheduler", "rogue")),
+        TlsLeader(role(cluster_credentials, "worker")),
+    ]
+    links = []
+    try:
+        for rogue in rogues:
+            await rogue.start()
+            link = make_link(rogue.port, LinkTls(role(cluster_credentials, "frontend")))
+            link.submit(make_state(f"secret-{len(links)}", [5, 6, 7], 4))
+            await link.start()
+            links.append(link)
+        await asyncio.sleep(REFUSED_WITHIN_S)
+        assert [link.connected.is_set() for link in links] == [False, False]
+        assert [rogue.engine.frontends for rogue in rogues] == [{}, {}]
+        assert [rogue.engine.requests for rogue in rogues] == [{}, {}]
+    finally:
+        for link in links:
+            await link.stop()
+        for rogue in rogues:
+            await rogue.stop()
+
+
+@run_async
+async def test_without_credentials_a_link_dials_loopback_only():
     assert not LinkTls().on
-    assert LinkTls(enabled=True).on and LinkTls(ca_file=certs["ca"]).on
-    LinkTls().check()
-    mutual(certs).check()
-    with pytest.raises(ValueError, match="both"):
-        LinkTls(ca_file=certs["ca"], cert_file=cert).check()
-    with pytest.raises(ValueError, match="needs TLS"):
-        LinkTls(server_name="localhost").check()
-    with pytest.raises(OSError):
-        LinkTls(ca_file=str(tmp_path / "missing.crt")).check()
-
-
-def test_frontend_flags_and_environment_reach_the_link(monkeypatch):
-    from splitserve.frontend import FrontendConfig
-
-    parser = argparse.ArgumentParser()
-    monkeypatch.setenv("SPLITSERVE_SCHEDULER_TLS_SERVER_NAME", "splitserve-scheduler.ns.svc")
-    add_dataclass_args(parser, FrontendConfig)
-    args = parser.parse_args(
-        [
-            "--scheduler-tls-ca-file",
-            "/tls/ca.crt",
-            "--scheduler-tls-cert-file",
-            "/tls/tls.crt",
-            "--scheduler-tls-key-file",
-            "/tls/tls.key",
-            "--tls-cert-file",
-            "/srv/client-api.crt",
-            "--tls-key-file",
-            "/srv/client-api.key",
-            "--tls-client-ca-file",
-            "/srv/clients-ca.crt",
-        ]
-    )
-    cfg = dataclass_from_args(FrontendConfig, args)
-    assert cfg.scheduler_tls is False  # implied by the CA file, as the worker's --tls is
-    assert (cfg.scheduler_tls_ca_file, cfg.scheduler_tls_cert_file, cfg.scheduler_tls_key_file) == (
-        "/tls/ca.crt",
-        "/tls/tls.crt",
-        "/tls/tls.key",
-    )
-    assert cfg.scheduler_tls_server_name == "splitserve-scheduler.ns.svc"
-    assert (cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file) == (
-        "/srv/client-api.crt",
-        "/srv/client-api.key",
-        "/srv/clients-ca.crt",
-    )
+    for address in ("127.0.0.1:1", "localhost:1"):  # a channel; nothing is dialled yet
+        await LinkTls().channel(address).close()
+    for address in ("10.0.0.7:50052", "scheduler-a:50052", "[2001:db8::1]:50052"):
+        with pytest.raises(PlaintextRefused, match="--credentials"):
+            LinkTls().channel(address)
 
 
 @run_async
@@ -222,7 +209,7 @@ async def test_the_frontend_serves_its_client_api_over_mutual_tls(certs):
     from tests.e2e.procs import free_port
 
     cert, key = certs["server"]
-    client_cert, client_key = certs["frontend"]  # any certificate of the CA will do
+    client_cert, client_key = certs["client"]  # any certificate of the CA will do
     cfg = FrontendConfig(
         host="127.0.0.1",
         port=0,
