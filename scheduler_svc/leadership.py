@@ -28,6 +28,7 @@ from scheduler_svc.cluster_view import SchedulerRole
 from scheduler_svc.leader_probe import depose_dead_leaders
 
 if TYPE_CHECKING:
+    from common.credentials import Credentials
     from scheduler_svc.config import SchedulerServiceConfig
     from scheduler_svc.engine import ServingEngine
 
@@ -66,9 +67,12 @@ async def lead(
     engine: ServingEngine,
     role: SchedulerRole,
     info: dict,
+    credentials: Credentials | None = None,
 ) -> None:
-    """Campaign, take over, lead; raises LeadershipLost when the lease is gone."""
-    coord = Coordinator(cfg.etcd, lease_ttl=cfg.lease_ttl)
+    """Campaign, take over, lead; raises LeadershipLost when the lease is gone. With the
+    scheduler's credentials etcd is mutual TLS, and its certificate is the one etcd lets write
+    the leader key; without, etcd must be on loopback."""
+    coord = Coordinator(cfg.etcd, lease_ttl=cfg.lease_ttl, credentials=credentials)
     await coord.connect()
     await coord.register("scheduler", role.scheduler_id, info)
     standbys = asyncio.create_task(_follow_schedulers(coord, role))

@@ -12,9 +12,9 @@ from grpc_reflection.v1alpha import reflection
 from common import event_loop
 from common.credentials import Credentials, CredentialsError
 from common.gc_tuning import tune_gc_for_serving
-from common.link_auth import RoleInterceptor, require_credentials_beyond_loopback
+from common.link_auth import RoleInterceptor, require_credentials_beyond_loopback, target_host
 from common.logging import configure_logging, get_logger
-from common.model_source import resolve_model
+from common.model_source import read_vocab_size, resolve_model
 from common.pb import (
     frontend_link_pb2,
     frontend_link_pb2_grpc,
@@ -68,6 +68,10 @@ def load_credentials(cfg: SchedulerServiceConfig) -> Credentials | None:
     """This scheduler's credentials; without them, every port must stay on loopback."""
     if not cfg.credentials:
         require_credentials_beyond_loopback(None, "serve the worker-link port on", cfg.host)
+        if cfg.etcd:
+            require_credentials_beyond_loopback(
+                None, "lead through the etcd at", target_host(cfg.etcd)
+            )
         return None
     try:
         return Credentials.load(cfg.credentials, "scheduler")
@@ -84,7 +88,7 @@ class SchedulerServer:
         self.cfg = cfg
         source = resolve_model(cfg.model)
         model_name = cfg.served_model_name or source.name
-        self.engine = ServingEngine(cfg, source.name)
+        self.engine = ServingEngine(cfg, source.name, read_vocab_size(source))
         self.role = SchedulerRole(role="standby" if cfg.etcd else "leader")
         if cfg.scheduler_id:
             self.role.scheduler_id = cfg.scheduler_id

@@ -1,4 +1,6 @@
-"""Leader election and membership against a real etcd (common/etcd_server.py) through aetcd."""
+"""Leader election and membership against a real etcd (common/etcd_server.py) through aetcd:
+over mutual TLS with etcd's auth on, as `splitserve up`, compose and Kubernetes run it, and in
+plaintext on loopback (the `etcd` fixture)."""
 
 from __future__ import annotations
 
@@ -13,30 +15,69 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from common.coordination import Coordinator, LeaderInfo, LeaderWatcherThread, cancel_and_wait
+from common.credentials import Credentials, create_cluster
+from common.etcd_auth import ensure_auth_blocking
 from common.etcd_server import EtcdServer
 
 ROOT = Path(__file__).resolve().parents[3]
 TTL = 2.0
 
 
+@pytest.fixture(scope="module")
+def credentials(tmp_path_factory) -> Path:
+    """A cluster's credentials (common/credentials.py): one directory per role."""
+    return create_cluster(tmp_path_factory.mktemp("credentials"))
+
+
+def role(credentials: Path, name: str) -> Credentials:
+    return Credentials.load(credentials / name, name)
+
+
+@pytest.fixture(scope="module")
+def secure_etcd(credentials: Path) -> Iterator[EtcdServer]:
+    """etcd over mutual TLS with its auth on, as `splitserve up` starts it."""
+    server = EtcdServer(
+        unsafe_no_fsync=True,
+        credentials=role(credentials, "etcd"),
+        root_credentials=role(credentials, "root"),
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+def grant_cluster(etcd: EtcdServer, credentials: Path) -> str:
+    """A fresh cluster name, with the roles' permissions on its keys."""
+    cluster = f"test-{uuid.uuid4().hex[:8]}"
+    ensure_auth_blocking(etcd.endpoint, role(credentials, "root"), cluster)
+    return cluster
+
+
 @pytest.fixture
-def cluster() -> str:
-    return f"test-{uuid.uuid4().hex[:8]}"
+def cluster(secure_etcd: EtcdServer, credentials: Path) -> str:
+    return grant_cluster(secure_etcd, credentials)
 
 
 def _run(
-    etcd: EtcdServer, cluster: str, scenario: Callable[..., Awaitable[None]], coordinators: int
+    etcd: EtcdServer,
+    cluster: str,
+    scenario: Callable[..., Awaitable[None]],
+    coordinators: int,
+    credentials: Credentials | None,
 ) -> None:
     """Runs scenario(*coordinators) with a deadline; whatever it leaves running is stopped."""
 
     async def main() -> None:
-        coords = [Coordinator(etcd.endpoint, cluster, lease_ttl=TTL) for _ in range(coordinators)]
+        coords = [
+            Coordinator(etcd.endpoint, cluster, lease_ttl=TTL, credentials=credentials)
+            for _ in range(coordinators)
+        ]
         try:
             for coord in coords:
                 await coord.connect()
@@ -63,7 +104,17 @@ async def _maybe_await(value: object) -> object:
     return await value if inspect.isawaitable(value) else value
 
 
-def test_one_of_two_candidates_leads_and_the_other_takes_over_with_a_greater_epoch(etcd, cluster):
+@pytest.mark.parametrize("link", ["mutual-tls", "plaintext-on-loopback"])
+def test_one_of_two_candidates_leads_and_the_other_takes_over_with_a_greater_epoch(
+    request, credentials, link
+):
+    if link == "mutual-tls":
+        etcd, scheduler = request.getfixturevalue("secure_etcd"), role(credentials, "scheduler")
+        cluster = grant_cluster(etcd, credentials)
+    else:
+        etcd, scheduler = request.getfixturevalue("etcd"), None
+        cluster = f"test-{uuid.uuid4().hex[:8]}"
+
     async def scenario(a: Coordinator, b: Coordinator) -> None:
         campaigns = {
             "a": asyncio.create_task(a.campaign("a", {"host": "ha"})),
@@ -86,18 +137,20 @@ def test_one_of_two_candidates_leads_and_the_other_takes_over_with_a_greater_epo
         await following.resign()
         assert await a.leader() is None
 
-    _run(etcd, cluster, scenario, 2)
+    _run(etcd, cluster, scenario, 2, scheduler)
 
 
 # a leader in its own process, so that SIGSTOP freezes its event loop and nothing else
 FROZEN_LEADER = """
 import asyncio, json, sys, time
 from common.coordination import Coordinator
+from common.credentials import Credentials
 from common.logging import configure_logging
 
 async def main():
     configure_logging("warning")  # to stderr: stdout carries the JSON lines
-    coord = Coordinator(sys.argv[1], sys.argv[2], lease_ttl=float(sys.argv[3]))
+    credentials = Credentials.load(sys.argv[4], "scheduler")
+    coord = Coordinator(sys.argv[1], sys.argv[2], float(sys.argv[3]), credentials)
     await coord.connect()
     leadership = await coord.campaign("frozen", {})
     print(json.dumps({"epoch": leadership.epoch}), flush=True)
@@ -123,9 +176,12 @@ def _read_line(process: subprocess.Popen[str], timeout: float) -> str:
     return process.stdout.readline()
 
 
-def test_frozen_leader_is_replaced_and_finds_itself_lost_when_it_wakes(etcd, cluster):
+def test_frozen_leader_is_replaced_and_finds_itself_lost_when_it_wakes(
+    secure_etcd, cluster, credentials
+):
+    etcd, scheduler = secure_etcd, credentials / "scheduler"
     child = subprocess.Popen(
-        [sys.executable, "-c", FROZEN_LEADER, etcd.endpoint, cluster, str(TTL)],
+        [sys.executable, "-c", FROZEN_LEADER, etcd.endpoint, cluster, str(TTL), str(scheduler)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -148,7 +204,7 @@ def test_frozen_leader_is_replaced_and_finds_itself_lost_when_it_wakes(etcd, clu
             assert TTL / 2 < takeover_s < TTL + 1.5
             await leadership.resign()
 
-        _run(etcd, cluster, scenario, 1)
+        _run(etcd, cluster, scenario, 1, role(credentials, "scheduler"))
         woke = json.loads(_read_line(child, 10))
         assert woke == {"valid": False, "lost": woke["lost"], "lost_soon": True}
         assert child.wait(5) == 0
@@ -159,7 +215,7 @@ def test_frozen_leader_is_replaced_and_finds_itself_lost_when_it_wakes(etcd, clu
         child.wait()
 
 
-def test_watch_leader_yields_the_current_leader_then_each_change(etcd, cluster):
+def test_watch_leader_yields_the_current_leader_then_each_change(secure_etcd, cluster, credentials):
     async def scenario(watcher: Coordinator, candidate: Coordinator) -> None:
         seen: asyncio.Queue[LeaderInfo | None] = asyncio.Queue()
 
@@ -177,10 +233,12 @@ def test_watch_leader_yields_the_current_leader_then_each_change(etcd, cluster):
         assert (await asyncio.wait_for(seen.get(), 5)).epoch == second.epoch > first.epoch
         await second.resign()
 
-    _run(etcd, cluster, scenario, 2)
+    _run(secure_etcd, cluster, scenario, 2, role(credentials, "scheduler"))
 
 
-def test_members_register_update_leave_and_expire_with_their_lease(etcd, cluster):
+def test_members_register_update_leave_and_expire_with_their_lease(
+    secure_etcd, cluster, credentials
+):
     async def scenario(coord: Coordinator, other: Coordinator) -> None:
         w1 = await coord.register("worker", "w1", {"address": "h1:1"})
         await other.register("worker", "w2", {"address": "h2:2"})
@@ -205,7 +263,7 @@ def test_members_register_update_leave_and_expire_with_their_lease(etcd, cluster
         await _eventually(lambda: _none_left(coord), 2 * TTL + 1)
         assert time.monotonic() - started > TTL / 4
 
-    _run(etcd, cluster, scenario, 2)
+    _run(secure_etcd, cluster, scenario, 2, role(credentials, "scheduler"))
 
 
 async def _none_left(coord: Coordinator) -> bool:
@@ -213,7 +271,11 @@ async def _none_left(coord: Coordinator) -> bool:
 
 
 @pytest.mark.parametrize("down_for", [0.0, 1.5 * TTL], ids=["within-ttl", "past-ttl"])
-def test_etcd_restart_under_a_leader_leaves_a_consistent_state(etcd, cluster, down_for):
+def test_etcd_restart_under_a_leader_leaves_a_consistent_state(
+    secure_etcd, cluster, credentials, down_for
+):
+    etcd = secure_etcd
+
     async def scenario(coord: Coordinator, watcher: Coordinator) -> None:
         latest: list[LeaderInfo | None] = []
 
@@ -242,10 +304,11 @@ def test_etcd_restart_under_a_leader_leaves_a_consistent_state(etcd, cluster, do
         await member.leave()
         await leading.resign()
 
-    _run(etcd, cluster, scenario, 2)
+    _run(etcd, cluster, scenario, 2, role(credentials, "scheduler"))
 
 
-def test_leader_watcher_thread_reports_changes_to_threaded_code(etcd, cluster):
+def test_leader_watcher_thread_reports_changes_to_threaded_code(secure_etcd, cluster, credentials):
+    """As a worker follows the leader: with the worker's certificate, which may read."""
     changes: list[LeaderInfo | None] = []
     changed = threading.Event()
 
@@ -253,7 +316,8 @@ def test_leader_watcher_thread_reports_changes_to_threaded_code(etcd, cluster):
         changes.append(leader)
         changed.set()
 
-    thread = LeaderWatcherThread(etcd.endpoint, on_change, cluster=cluster)
+    worker = role(credentials, "worker")
+    thread = LeaderWatcherThread(secure_etcd.endpoint, on_change, cluster, credentials=worker)
     thread.start()
     try:
         assert changed.wait(5) and changes == [None]
@@ -266,7 +330,7 @@ def test_leader_watcher_thread_reports_changes_to_threaded_code(etcd, cluster):
             assert thread.current() == seen
             await leading.resign()
 
-        _run(etcd, cluster, scenario, 1)
+        _run(secure_etcd, cluster, scenario, 1, role(credentials, "scheduler"))
         deadline = time.monotonic() + 5
         while thread.current() is not None:
             assert time.monotonic() < deadline

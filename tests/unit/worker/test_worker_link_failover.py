@@ -247,7 +247,7 @@ class FakeWatcher:
 
     instances: list[FakeWatcher] = []
 
-    def __init__(self, endpoint, on_change) -> None:
+    def __init__(self, endpoint, on_change, credentials=None) -> None:
         self.endpoint, self.on_change = endpoint, on_change
         self.current = None
         self.stopped = False
