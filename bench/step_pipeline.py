@@ -104,7 +104,7 @@ async def run(args, kind: str) -> dict:
         worker_queue_depth=args.running,
         stream_interval=args.stream_interval,
     )
-    engine = ServingEngine(cfg, "sim")
+    engine = ServingEngine(cfg, "sim", tokenizer.vocab_size)
     intake = Intake(tokenizer, "sim", set(), cfg.max_model_len)
     workers = []
     for i in range(args.workers):

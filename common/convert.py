@@ -200,7 +200,9 @@ def decode_step_result(
 ) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprobs]]]:
     """Sampled tokens (and logprobs) by request id. With `vocab_size`, checks that each
     request got at most one token (1 + its drafts' count, for a request in `drafts`), below
-    it (ValueError otherwise)."""
+    it, and that logprobs' top ids are below it too (ValueError otherwise): an impossible id
+    must not reach a client's detokenizer, nor another worker's embedding once its request
+    moves."""
     sampled: dict[str, list[int]] = {}
     logprobs: dict[str, list[TokenLogprobs]] = {}
     by_handle = handles.by_handle
@@ -224,22 +226,44 @@ def decode_step_result(
                     raise ValueError(_bad_tokens(req_id, list(tokens), vocab))
             sampled[req_id] = list(tokens)
         if item.logprobs:
-            n = len(item.top_token_ids) // max(len(item.token_ids), 1)
-            logprobs[req_id] = [
-                TokenLogprobs(
-                    tok,
-                    item.logprobs[i],
-                    list(
-                        zip(
-                            item.top_token_ids[i * n : (i + 1) * n],
-                            item.top_logprobs[i * n : (i + 1) * n],
-                            strict=True,
-                        )
-                    ),
-                )
-                for i, tok in enumerate(item.token_ids)
-            ]
+            logprobs[req_id] = _decode_logprobs(req_id, item, vocab)
     return sampled, logprobs
+
+
+def _decode_logprobs(
+    req_id: str, item: worker_link_pb2.SampledTokens, vocab: int | None
+) -> list[TokenLogprobs]:
+    """One logprob and n top (id, logprob) pairs per sampled token; ValueError when the
+    columns disagree or a top id is outside the vocabulary."""
+    count = len(item.token_ids)
+    top_ids = item.top_token_ids
+    n = len(top_ids) // max(count, 1)
+    shape = (len(item.logprobs), len(item.top_logprobs), len(top_ids))
+    if shape != (count, n * count, n * count):
+        raise ValueError(
+            f"worker answered logprobs of the wrong shape for request {req_id}: "
+            f"{len(item.logprobs)} logprobs, {len(top_ids)} top ids and "
+            f"{len(item.top_logprobs)} top logprobs for {count} tokens"
+        )
+    if vocab is not None and top_ids and max(top_ids) >= vocab:
+        raise ValueError(
+            f"worker answered top logprob id {max(top_ids)} for request {req_id}: ids below "
+            f"the vocabulary size {vocab} were expected"
+        )
+    return [
+        TokenLogprobs(
+            tok,
+            item.logprobs[i],
+            list(
+                zip(
+                    top_ids[i * n : (i + 1) * n],
+                    item.top_logprobs[i * n : (i + 1) * n],
+                    strict=True,
+                )
+            ),
+        )
+        for i, tok in enumerate(item.token_ids)
+    ]
 
 
 def _decode_sampled_columns(

@@ -1,6 +1,7 @@
 """Resolve `--model` to a model source, and where converted files of it are cached.
 
-No torch here: the scheduler uses this module too (for the tokenizer).
+No torch here: the scheduler uses this module too (for the tokenizer, and for the vocabulary
+size it checks workers' tokens against).
 
 A model is one of
 - a local Hugging Face directory: `config.json` plus `*.safetensors` weights;
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import mmap
 import os
 import shutil
@@ -99,6 +101,23 @@ def resolve_model(model: str | os.PathLike[str] | None = None) -> ModelSource:
         f"unknown model {str(model)!r}: the directory has neither config.json with *.safetensors "
         f"weights nor exactly one .gguf file"
     )
+
+
+def read_vocab_size(source: ModelSource) -> int:
+    """The model's vocabulary size, read from the model itself (config.json, or the GGUF
+    metadata): the scheduler's own bound on the token ids workers send back."""
+    if source.kind == "hf":
+        config = json.loads((source.path / "config.json").read_text())
+        # the text model's, as the worker reads it (transformers' get_text_config())
+        size = (config.get("text_config") or {}).get("vocab_size") or config.get("vocab_size")
+    else:
+        meta = read_gguf_metadata(source.path)
+        size = meta.get(f"{meta.get('general.architecture')}.vocab_size")
+        if not size and "tokenizer.ggml.tokens" in meta:
+            size = len(meta["tokenizer.ggml.tokens"])
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"{source.path}: the model states no vocabulary size")
+    return size
 
 
 def _gguf_name(path: Path) -> str:

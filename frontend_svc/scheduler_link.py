@@ -235,6 +235,7 @@ class SchedulerLink:
             self.epoch = first.epoch
             self.observer.epoch.set(self.epoch)
             self.leader_address = address
+            self._since_hello(hello, outbox)
             self._outbox = outbox
             self._outage_since = None
             self._outage_failed = False
@@ -260,6 +261,16 @@ class SchedulerLink:
                 writer.cancel()
                 reader.cancel()
                 call.cancel()
+
+    def _since_hello(self, hello: pb.FrontendHello, outbox: asyncio.Queue) -> None:
+        """What changed while the hello waited for its ack, which no message carried: a request
+        that came meanwhile would wait here forever, one whose client left would run on."""
+        sent = {msg.request_id for msg in hello.in_flight}
+        for state in self.requests.values():
+            if state.request_id not in sent:
+                outbox.put_nowait(pb.FrontendMessage(submit=self._submit_message(state)))
+        for request_id in sent - self.requests.keys():
+            outbox.put_nowait(pb.FrontendMessage(cancel=pb.CancelRequest(request_id=request_id)))
 
     async def _write(self, call, outbox: asyncio.Queue) -> None:
         while True:

@@ -6,6 +6,8 @@ short local waiting list); the engine hands it requests from the head of the glo
 in time, while its local list is short, choosing the worker by cached prefix and load
 (placement.py). When a worker is lost, its unfinished requests go back to the head of the
 global queue carrying the tokens they already streamed and continue elsewhere by recompute.
+While no worker takes requests, every request waiting in the global queue fails after
+--worker-wait-timeout, however it got there; the first worker to attach gets them all.
 """
 
 from __future__ import annotations
@@ -52,10 +54,12 @@ log = get_logger("splitserve.engine")
 
 
 class ServingEngine:
-    def __init__(self, config: SchedulerServiceConfig, model_name: str) -> None:
+    def __init__(self, config: SchedulerServiceConfig, model_name: str, vocab_size: int) -> None:
         self.pacer = StreamPacer.from_setting(config.stream_interval, config.async_scheduling)
         self.config = config
         self.model_name = model_name
+        # read from the model itself: workers are held to it, not to what they declare
+        self.vocab_size = vocab_size
         self.policy = create_policy(config.scheduling_policy, **policy_options(config))
         self.waiting = create_request_queue(self.policy)  # global, core Requests
         self.requests: dict[str, RequestState] = {}
@@ -91,10 +95,13 @@ class ServingEngine:
     # ---- requests -------------------------------------------------------------------------
     def submit(self, state: RequestState) -> None:
         """Accept a validated request. Raises RequestRejected when it can never run."""
-        if state.request_id in self.requests:
+        if self.owner(state.request_id) is not None:
             raise RequestRejected(
                 f"request id {state.request_id!r} is already in flight; use a unique id"
             )
+        impossible = self._impossible_token(state)
+        if impossible:
+            raise RequestRejected(impossible)
         self.admission.check(state.tenant, len(self.waiting))
         tenant = state.tenant or ""
         if state.ttft_target_s is None:
@@ -117,8 +124,7 @@ class ServingEngine:
             self._parked.setdefault(first.request_id, []).append(state)
             return
         self.waiting.add(request)
-        if not live:
-            self._start_wait_timer(state)
+        self._await_worker(state)
         self._dispatch()
 
     def resume(self, states: list[RequestState]) -> int:
@@ -128,6 +134,7 @@ class ServingEngine:
         or goes back to the head of the queue. Returns how many continue without recompute."""
         for state in states:  # the same request over an older link of this front-end
             self.drop(state.request_id)
+        states = [s for s in states if not self._fail_impossible(s)]
         if self.rebuilding:
             ids = {s.request_id for s in states}
             self._resumed = [s for s in self._resumed if s.request_id not in ids] + states
@@ -179,8 +186,7 @@ class ServingEngine:
         for state in queued:
             assert state.core is not None
             self.waiting.prepend(state.core)
-            if not self._live_sessions():
-                self._start_wait_timer(state)
+            self._await_worker(state)
         self._dispatch()
         return adopted
 
@@ -209,10 +215,47 @@ class ServingEngine:
     def _live_sessions(self) -> list[WorkerSession]:
         return [s for s in self.sessions.values() if not s.lost]
 
+    def _impossible_token(self, state: RequestState) -> str:
+        """Token ids from outside this process (a front-end's prompt; after a takeover, the
+        tokens a client already has, which an older leader took from a worker) must be inside
+        the vocabulary: a single one outside fails every step of the worker it is sent to."""
+        for what, ids in (("prompt", state.prompt_token_ids), ("output", state.output_token_ids)):
+            if ids and max(ids) >= self.vocab_size:
+                return (
+                    f"{what} token id {max(ids)} of request {state.request_id!r} is outside the "
+                    f"model's vocabulary (0..{self.vocab_size - 1})"
+                )
+        return ""
+
+    def _fail_impossible(self, state: RequestState) -> bool:
+        impossible = self._impossible_token(state)
+        if impossible:
+            state.fail(impossible, code="INVALID_ARGUMENT")
+        return bool(impossible)
+
+    # ---- --worker-wait-timeout: runs exactly while no worker takes requests -----------------
+    def _accepting(self) -> bool:
+        return any(s.accepting for s in self.sessions.values())
+
+    def _await_worker(self, state: RequestState) -> None:
+        """A request just queued: with no worker to take it, it fails after the timeout."""
+        if not self._accepting():
+            self._start_wait_timer(state)
+
+    def _await_workers(self) -> None:
+        """The last worker that took requests is gone or leaving: every queued request waits
+        at most the timeout from now."""
+        if self._accepting():
+            return
+        for request in self.waiting:
+            state = self.requests.get(request.request_id)
+            if state is not None:
+                self._start_wait_timer(state)
+
     def _start_wait_timer(self, state: RequestState) -> None:
         if state.wait_timer is None:
             state.wait_timer = asyncio.get_running_loop().call_later(
-                self.config.worker_wait_timeout, self._expire_waiting, state.request_id
+                self.config.worker_wait_timeout, self._expire_waiting, state
             )
 
     def _cancel_wait_timer(self, state: RequestState) -> None:
@@ -220,11 +263,11 @@ class ServingEngine:
             state.wait_timer.cancel()
             state.wait_timer = None
 
-    def _expire_waiting(self, request_id: str) -> None:
-        state = self.requests.get(request_id)
-        if state is None or state.worker_id is not None:
-            return
+    def _expire_waiting(self, state: RequestState) -> None:
         state.wait_timer = None
+        request_id = state.request_id
+        if self.requests.get(request_id) is not state or state.worker_id is not None:
+            return
         self.waiting.remove(request_id)
         state.fail(
             f"no worker attached within {self.config.worker_wait_timeout:g} s; "
@@ -243,10 +286,7 @@ class ServingEngine:
             eligible = [
                 s
                 for s in self.sessions.values()
-                if not s.lost
-                and not s.draining
-                and len(s.scheduler.waiting) < depth
-                and s.load < limit
+                if s.accepting and len(s.scheduler.waiting) < depth and s.load < limit
             ]
             if not eligible:
                 return
@@ -345,8 +385,7 @@ class ServingEngine:
         for sibling in self._parked.pop(first_id, ()):
             if sibling.core is not None and self.requests.get(sibling.request_id) is sibling:
                 self.waiting.add(sibling.core)
-                if not self._live_sessions():
-                    self._start_wait_timer(sibling)
+                self._await_worker(sibling)
         self._dispatch()
 
     def _release(self, state: RequestState) -> None:
@@ -375,8 +414,7 @@ class ServingEngine:
         request = state.to_core_request()
         state.core = request
         self.waiting.prepend(request)
-        if not self._live_sessions():
-            self._start_wait_timer(state)
+        self._await_worker(state)
 
     # ---- workers --------------------------------------------------------------------------
     def attach(self, registration: WorkerRegistration, transport: WorkerTransport) -> WorkerSession:
@@ -409,6 +447,8 @@ class ServingEngine:
             for row in getattr(registration, "held", ()):
                 self._held[row.request_id] = (session, row)
         self.worker_attached.set()
+        for state in self.requests.values():  # a worker takes them now: none waits for one
+            self._cancel_wait_timer(state)
         self.observer.on_worker_attached(session)
         log.info(
             "worker_attached",
@@ -432,6 +472,7 @@ class ServingEngine:
         if not self._live_sessions():
             self.worker_attached.clear()
         moved = self._hand_back(session, session.request_ids, reason)
+        self._await_workers()
         self.observer.on_worker_detached(session, reason)
         log.warning("worker_detached", worker_id=session.worker_id, reason=reason, migrated=moved)
         self._dispatch()
@@ -457,6 +498,7 @@ class ServingEngine:
         session.drain_deadline = time.monotonic() + max(0.0, timeout_s)
         waiting_ids = [r.request_id for r in session.scheduler.waiting]
         moved = self._hand_back(session, waiting_ids, "worker draining")
+        self._await_workers()
         log.info(
             "worker_draining",
             worker_id=session.worker_id,

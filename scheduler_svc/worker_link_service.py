@@ -35,11 +35,11 @@ class GrpcWorkerTransport:
         self,
         context: grpc.aio.ServicerContext,
         timeout_s: float,
-        vocab_size: int = 2**31,
+        vocab_size: int,
         epoch: int = 0,
     ) -> None:
         self.context = context
-        self.vocab_size = vocab_size
+        self.vocab_size = vocab_size  # the scheduler's own, never what the worker declared
         self.epoch = epoch
         self.timeout_s = timeout_s
         self.handles = HandleTable()
@@ -64,7 +64,9 @@ class GrpcWorkerTransport:
         return future
 
     async def result(self, out: SchedulerOutput, future: asyncio.Future) -> StepReply:
-        """Wait for a submitted step's result and check it."""
+        """Wait for a submitted step's result and check it against the step's shape and the
+        model's vocabulary: a wrong answer loses the worker with none of it applied, so its
+        requests move on carrying only tokens that were checked."""
         result: pb.StepResult = await future
         if result.error:
             raise WorkerLost(f"worker failed a step: {result.error}")
@@ -128,11 +130,19 @@ class GrpcWorkerTransport:
                 self.lose(f"no answer or heartbeat for {silent:.1f} s")
 
 
-def check_registration(reg: pb.Register, model_name: str) -> tuple[grpc.StatusCode, str] | None:
+def check_registration(
+    reg: pb.Register, model_name: str, vocab_size: int
+) -> tuple[grpc.StatusCode, str] | None:
     if reg.model and reg.model != model_name:
         return (
             grpc.StatusCode.INVALID_ARGUMENT,
             f"worker serves model {reg.model!r} but this scheduler serves {model_name!r}",
+        )
+    if reg.vocab_size != vocab_size:  # another model, or none stated: its ids mean nothing here
+        return (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"worker's model has a vocabulary of {reg.vocab_size} tokens but this scheduler's "
+            f"{model_name} has {vocab_size}; start the worker with the scheduler's --model",
         )
     if reg.block_size < 1 or reg.block_size > 1024:
         return grpc.StatusCode.INVALID_ARGUMENT, f"impossible block size {reg.block_size}"
@@ -172,7 +182,7 @@ class WorkerLinkService(pb_grpc.WorkerLinkServicer):
                 "the first message on a worker link must be Register",
             )
         reg = first.register
-        problem = check_registration(reg, self.engine.model_name)
+        problem = check_registration(reg, self.engine.model_name, self.engine.vocab_size)
         if problem is not None:
             log.warning("worker_refused", reason=problem[1], peer=context.peer())
             await context.abort(*problem)
@@ -185,7 +195,7 @@ class WorkerLinkService(pb_grpc.WorkerLinkServicer):
         self._counter += 1
         worker_id = reg.worker_id or f"worker-{self._counter}"
         transport = GrpcWorkerTransport(
-            context, self.engine.config.worker_timeout, reg.vocab_size or 2**31, epoch
+            context, self.engine.config.worker_timeout, self.engine.vocab_size, epoch
         )
         registration = WorkerRegistration(
             worker_id=worker_id,

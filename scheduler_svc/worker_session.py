@@ -109,6 +109,11 @@ class WorkerSession:
         return len(self.request_ids)
 
     @property
+    def accepting(self) -> bool:
+        """Whether the engine may hand it new requests."""
+        return not self.lost and not self.draining
+
+    @property
     def state(self) -> str:
         return "lost" if self.lost else "draining" if self.draining else "active"
 

@@ -35,7 +35,9 @@ class FakeDecoder:
 
 
 class FakeWorker(ExecuteTransport):
-    """Plays the model runner: the next token is a function of the whole history."""
+    """Plays the model runner: the next token is a function of the whole history. Like a real
+    model's embedding lookup, a step fails as a whole when any token id it is sent is outside
+    the vocabulary."""
 
     def __init__(self, fail_at_step: int | None = None) -> None:
         self.prompts: dict[str, list[int]] = {}
@@ -53,6 +55,10 @@ class FakeWorker(ExecuteTransport):
             self.prompts.pop(rid, None)
         computed = {}
         for new in out.new_requests:
+            if max(new.prompt_token_ids + new.output_token_ids) >= VOCAB:
+                raise WorkerLost(
+                    f"worker failed a step: token id out of range for {new.request_id}"
+                )
             self.prompts[new.request_id] = list(new.prompt_token_ids)
             self.tokens[new.request_id] = new.prompt_token_ids + new.output_token_ids
             computed[new.request_id] = new.num_computed_tokens
@@ -75,14 +81,11 @@ class FakeWorker(ExecuteTransport):
 
 
 def make_engine(**overrides) -> ServingEngine:
-    cfg = SchedulerServiceConfig(
-        max_num_batched_tokens=64,
-        max_num_seqs=8,
-        max_model_len=512,
-        worker_wait_timeout=0.5,
-        **overrides,
+    defaults = dict(
+        max_num_batched_tokens=64, max_num_seqs=8, max_model_len=512, worker_wait_timeout=0.5
     )
-    return ServingEngine(cfg, "fake")
+    cfg = SchedulerServiceConfig(**{**defaults, **overrides})
+    return ServingEngine(cfg, "fake", VOCAB)
 
 
 def make_state(rid: str, prompt: list[int], max_tokens: int, stop=()) -> RequestState:

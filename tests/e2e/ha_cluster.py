@@ -1,5 +1,6 @@
 """`splitserve up --workers 2 --schedulers 2 --frontends 2` on loopback, as the failover test
-and bench/failover.py start it, and its readiness as GET /cluster reports it."""
+and bench/failover.py start it, its readiness as GET /cluster reports it, and workers started
+by hand beside it."""
 
 from __future__ import annotations
 
@@ -12,11 +13,22 @@ from pathlib import Path
 from tests.e2e.procs import free_port
 
 
-def ha_up_argv(port: int, http_port: int, *flags: str) -> list[str]:
-    cluster = ["--workers", "2", "--schedulers", "2", "--frontends", "2", "--host", "127.0.0.1"]
+def ha_up_argv(
+    port: int, http_port: int, *flags: str, workers: int = 2, etcd_port: int = 0
+) -> list[str]:
+    cluster = ["--schedulers", "2", "--frontends", "2", "--host", "127.0.0.1"]
+    cluster += ["--workers", str(workers)]
     ports = ["--port", str(port), "--http-port", str(http_port)]
-    ports += ["--worker-port", str(free_port()), "--etcd-port", str(free_port())]
+    ports += ["--worker-port", str(free_port()), "--etcd-port", str(etcd_port or free_port())]
     return [sys.executable, "-m", "splitserve.cli", "up", *cluster, *ports, *flags]
+
+
+def worker_argv(etcd_port: int, state_dir: Path, worker_id: str, *flags: str) -> list[str]:
+    """A worker started by hand beside `up --state-dir state_dir`: it finds the leader in
+    that cluster's etcd and shows the worker certificate `up` made."""
+    cli = [sys.executable, "-m", "splitserve.cli", "worker", "--worker-id", worker_id]
+    credentials = str(state_dir / "credentials" / "worker")
+    return [*cli, "--etcd", f"127.0.0.1:{etcd_port}", "--credentials", credentials, *flags]
 
 
 def cluster_body(http_port: int) -> dict | None:

@@ -26,9 +26,7 @@ def wait_workers(client, n, timeout=60):
         time.sleep(0.05)
 
 
-def test_tls_client_api_and_the_clusters_mutual_tls_on_worker_links(
-    tmp_path, cluster_credentials
-):
+def test_tls_client_api_and_the_clusters_mutual_tls_on_worker_links(tmp_path, cluster_credentials):
     ca = CertAuthority(tmp_path)  # the client API's own certificate, of the operator's CA
     server_cert, server_key = ca.issue("localhost", server=True)
     rogue = cluster_credentials.parent / "rogue"
