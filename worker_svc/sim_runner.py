@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from common.messages import SchedulerOutput, StructuredOutput
-from common.model_source import resolve_model
+from common.model_source import read_vocab_size, resolve_model
 
 
 def _opt(default, help_text: str):
@@ -27,7 +27,9 @@ class SimConfig:
     sim_step_base_ms: float = _opt(5.0, "simulated forward time per step")
     sim_step_per_token_us: float = _opt(50.0, "simulated forward time per scheduled token")
     sim_num_blocks: int = _opt(4096, "simulated KV cache blocks")
-    sim_vocab_size: int = _opt(49152, "simulated vocabulary size")
+    sim_vocab_size: int = _opt(
+        0, "simulated vocabulary size; 0: the model's own (the scheduler refuses any other)"
+    )
 
 
 def sim_next_token(
@@ -65,7 +67,7 @@ class SimRunner:
         self.num_blocks = sim.sim_num_blocks
         self.num_host_blocks = 0
         self.max_model_len = max_model_len
-        self.vocab_size = sim.sim_vocab_size
+        self.vocab_size = sim.sim_vocab_size or read_vocab_size(self.source)
         self.eos_token_id = 2
         self.device = "sim"
         self.dtype = "none"

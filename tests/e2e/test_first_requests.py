@@ -18,9 +18,10 @@ import psutil
 import pytest
 
 from common.client import SplitserveClient
+from common.model_source import read_vocab_size, resolve_model
 from tests.e2e.ha_cluster import cluster_body, ha_up_argv, worker_argv
 from tests.e2e.procs import ROOT, free_port
-from worker_svc.sim_runner import SimConfig, sim_next_token
+from worker_svc.sim_runner import sim_next_token
 
 pytestmark = [pytest.mark.e2e]
 
@@ -31,7 +32,7 @@ MAX_TOKENS = 4
 def sim_reference(prompt: list[int]) -> list[int]:
     seq = list(prompt)
     for _ in range(MAX_TOKENS):
-        seq.append(sim_next_token(seq, SimConfig().sim_vocab_size))
+        seq.append(sim_next_token(seq, read_vocab_size(resolve_model(None))))
     return seq[len(prompt) :]
 
 

@@ -24,7 +24,7 @@ from worker_svc.sim_runner import sim_next_token
 
 pytestmark = [pytest.mark.e2e]
 
-SIM_VOCAB = 49152  # SimConfig.sim_vocab_size
+SIM_VOCAB = 49152  # the default model's: a simulated worker takes its model's
 SLOW_SIM = ("--worker-arg=--simulate", "--worker-arg=--sim-step-base-ms=20")
 
 
