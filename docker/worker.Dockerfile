@@ -56,10 +56,13 @@ ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
     HOME=/home/splitserve \
     SPLITSERVE_CACHE_DIR=/cache \
     HF_HUB_OFFLINE=1
+# /etc/splitserve/credentials: where compose mounts the worker's credentials volume (read-only)
 RUN (useradd --uid 1000 --create-home --home-dir /home/splitserve --shell /bin/sh splitserve \
      || { echo "splitserve:x:1000:1000::/home/splitserve:/bin/sh" >> /etc/passwd \
           && echo "splitserve:x:1000:" >> /etc/group && mkdir -p /home/splitserve; }) \
- && mkdir -p /cache && chown 1000:1000 /cache /home/splitserve
+ && mkdir -p /cache /etc/splitserve/credentials \
+ && chown 1000:1000 /cache /home/splitserve \
+ && chown -R 1000:1000 /etc/splitserve && chmod -R 0700 /etc/splitserve
 COPY --from=deps /opt/venv /opt/venv
 COPY --from=project /dist/ /tmp/dist/
 RUN python -m pip install --no-cache-dir --no-deps --no-index /tmp/dist/*.whl \

@@ -1,4 +1,5 @@
-"""The `splitserve` command: scheduler, worker, up, generate, bench serve, sim."""
+"""The `splitserve` command: scheduler, worker, frontend, up, status, generate, credentials,
+bench serve, sim."""
 
 from __future__ import annotations
 
@@ -83,8 +84,15 @@ def _up_parser(sub) -> None:
         metavar="PROMPT",
         help="once a worker is attached, send PROMPT and print the answer",
     )
+    p.add_argument(
+        "--state-dir",
+        default=None,
+        help="where `up` keeps the cluster's credentials (made on first start, mode 0600) "
+        "[env SPLITSERVE_STATE_DIR; default $XDG_STATE_HOME/splitserve, "
+        "~/.local/state/splitserve]",
+    )
     add_dataclass_args(p, SupervisorConfig)
-    add_dataclass_args(p, SchedulerServiceConfig)
+    add_dataclass_args(p, SchedulerServiceConfig, skip=("credentials",))
 
 
 def _bench_parser(sub) -> None:
@@ -103,6 +111,46 @@ def _sim_parser(sub) -> None:
 
     p = sub.add_parser("sim", help="the scheduler core against cost-model workers, simulated time")
     add_arguments(p)
+
+
+def _credentials_parser(sub) -> None:
+    p = sub.add_parser(
+        "credentials",
+        help="make a cluster's credentials: a CA and a certificate per role (mutual TLS)",
+        description="Writes DIR/ca (the CA: keep it to yourself) and DIR/scheduler, "
+        "DIR/worker, DIR/frontend, DIR/etcd, DIR/root, each with ca.crt, tls.crt and tls.key "
+        "(mode 0600). Give each process its role's directory with --credentials. Kept when "
+        "present and valid for 30 more days; run again to renew.",
+    )
+    p.add_argument("directory")
+    p.add_argument(
+        "--kubernetes-secrets",
+        metavar="FILE",
+        default="",
+        help="also write each role's directory as a kubernetes.io/tls Secret "
+        "splitserve-<role>-tls (keys ca.crt, tls.crt, tls.key; not the CA's key) into FILE, "
+        "mode 0600, for `kubectl apply -f FILE` (docs/kubernetes.md)",
+    )
+    p.add_argument(
+        "--namespace", default="splitserve", help="namespace of those Secrets [splitserve]"
+    )
+
+
+def run_credentials(args: argparse.Namespace) -> int:
+    from common.credentials import ROLES, create_cluster
+
+    root = create_cluster(args.directory)
+    for role in ROLES:
+        print(f"{role:10} {root / role}")
+    if args.kubernetes_secrets:
+        from splitserve.k8s_secrets import write_secrets
+
+        try:
+            path = write_secrets(root, args.kubernetes_secrets, args.namespace)
+        except ValueError as exc:
+            raise SystemExit(f"--namespace: {exc}") from exc
+        print(f"{'secrets':10} {path}  (kubectl apply -f {path})")
+    return 0
 
 
 def _generate_parser(sub) -> None:
@@ -182,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     _status_parser(sub)
     _up_parser(sub)
     _generate_parser(sub)
+    _credentials_parser(sub)
     _bench_parser(sub)
     _sim_parser(sub)
     needs_worker = (argv if argv is not None else sys.argv[1:])[:1] == ["worker"]
@@ -228,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_up(args)
     if args.command == "generate":
         return run_generate(args)
+    if args.command == "credentials":
+        return run_credentials(args)
     if args.command == "bench":
         from bench.serve import run as bench_serve
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end test of the containers: docker-compose.yml's HA topology (etcd, two schedulers,
-front-ends, workers) with scaled front-ends and workers, and the leader killed under load.
+front-ends, workers) with scaled front-ends and workers, every internal link on mutual TLS, and
+the leader killed under load.
 
     python tests/compose/check_compose.py [--keep] [--base-image IMAGE] [--no-build]
 
@@ -10,12 +11,21 @@ Where a Docker engine is reachable:
    (skipped with --no-wheelhouse), a base image is found or made (python:3.11-slim, else
    localbase/python:3.11 from docker/build-base-image.sh), then docker/build-images.sh with
    WHEELHOUSE=0 (`make images`), whose builds install from the wheelhouse only;
-2. starts etcd, both schedulers, 2 front-ends and 2 workers (`--scale frontend=2 --scale
-   worker=2`), waits until every container is healthy, checks that the front-ends got distinct
-   ports of the published ranges and that GET /cluster lists a leader and a standby;
+2. starts the one-shot `credentials` service, etcd, both schedulers, 2 front-ends and 2 workers
+   (`--scale frontend=2 --scale worker=2`), waits until every container is healthy, checks that
+   the front-ends got distinct ports of the published ranges and that GET /cluster lists a
+   leader and a standby;
+   closed by default: `credentials` exited 0; each container mounts its own role's credentials
+   volume only, read-only, its files mode 0600 and owned by the services' user, no CA key
+   anywhere; a container with no credentials on the compose network gets nothing from either
+   scheduler's port 50052 or etcd's 2379 (plaintext, or a certificate of another CA), nor
+   etcd's loopback-only 2381; inside a worker and a front-end, their own certificates reach the
+   leader key and grpc.health.v1 but not the other role's link nor any etcd write
+   (tests/compose/access_probe.py);
 3. sends greedy requests through both front-ends' published ports (reference tokens, then the
    same prompts concurrently: the same tokens);
-4. scales to 3 workers (the new one must reuse the converted weights in the cache volume);
+4. scales to 3 workers (the new one must reuse the converted weights in the cache volume, and
+   hold a certificate of the same CA: `up` runs `credentials` again, which keeps what is valid);
 5. kills the leader scheduler's container (`docker kill`) while requests stream: the standby
    takes over and every request still finishes with the reference tokens; the killed container
    is started again and rejoins as the standby;
@@ -34,6 +44,7 @@ tests` never collects it): `make compose-test` runs it. Needs the project's Pyth
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import random
@@ -77,7 +88,13 @@ class Failed(Exception):
 
 
 def run(
-    cmd: list[str], *, env=None, timeout: float = 600, check: bool = True, capture: bool = True
+    cmd: list[str],
+    *,
+    env=None,
+    timeout: float = 600,
+    check: bool = True,
+    capture: bool = True,
+    stdin: str | None = None,
 ) -> subprocess.CompletedProcess:
     try:
         proc = subprocess.run(
@@ -86,6 +103,7 @@ def run(
             timeout=timeout,
             text=True,
             cwd=ROOT,
+            input=stdin,
             stdout=subprocess.PIPE if capture else None,
             stderr=subprocess.STDOUT if capture else None,
         )
@@ -274,7 +292,7 @@ class System:
     def logs_tail(self, lines: int = 15) -> str:
         """The last lines of each service's logs, without progress bars."""
         parts = []
-        for service in ("etcd", *SCHEDULERS, "frontend", "worker"):
+        for service in ("credentials", "etcd", *SCHEDULERS, "frontend", "worker"):
             text = self.logs(service, tail=4 * lines)
             kept = [
                 line
@@ -465,6 +483,7 @@ def scenario(system: System, workers: int, frontends: int) -> tuple[list[str], d
         raise Failed(f"front-ends' ports not distinct or outside the published ranges: {ports}")
     for _, http in ports:
         check_http(http)
+    check_credentials(system)
 
     cluster = Cluster(ports[0][1])
     body = cluster.wait(
@@ -482,6 +501,7 @@ def scenario(system: System, workers: int, frontends: int) -> tuple[list[str], d
         f"{len(body['workers'])} workers, model {body['model']}"
     )
     notes["startup_s"] = time.monotonic() - started
+    check_access(system)
 
     clients = [SplitserveClient(f"127.0.0.1:{p}", timeout=300) for p, _ in ports]
     try:
@@ -507,6 +527,7 @@ def scenario(system: System, workers: int, frontends: int) -> tuple[list[str], d
         )
 
         scale_workers(system, clients[0], workers + 1, frontends)
+        check_credentials(system)  # the new worker's, after `credentials` ran again
         notes["failover_kill"] = failover(system, cluster, clients, reference, "kill")
         notes["failover_crash"] = failover(system, cluster, clients, reference, "crash")
         victims = [worker_under_load(system, clients, reference, "stop")]
@@ -515,6 +536,92 @@ def scenario(system: System, workers: int, frontends: int) -> tuple[list[str], d
     finally:
         for client in clients:
             client.close()
+
+
+# which credentials volumes each service mounts (mount point -> volume), all read-only
+CREDENTIAL_MOUNTS = {
+    "etcd": {
+        "/etc/splitserve/credentials": "credentials-etcd",
+        "/etc/splitserve/root-credentials": "credentials-root",
+    },
+    **{s: {"/etc/splitserve/credentials": "credentials-scheduler"} for s in SCHEDULERS},
+    "frontend": {"/etc/splitserve/credentials": "credentials-frontend"},
+    "worker": {"/etc/splitserve/credentials": "credentials-worker"},
+}
+LIST_FILES = (
+    "import os, pathlib, json\n"
+    "print(json.dumps({str(p): [oct(p.stat().st_mode & 0o777), p.stat().st_uid] "
+    "for p in pathlib.Path('/etc/splitserve').rglob('*') if p.is_file()}))"
+)
+
+
+def check_credentials(system: System) -> None:
+    """The one-shot service made the credentials; each container holds its role's only."""
+    (made,) = system.containers("credentials")
+    code = system.inspect(made, "{{.State.ExitCode}}")
+    if system.inspect(made, "{{.State.Status}}") != "exited" or code != "0":
+        raise Failed(
+            f"the credentials service did not exit 0: {code}\n{system.logs('credentials')}"
+        )
+    prefix = f"{system.project}_"
+    cas = set()
+    for service, expected in CREDENTIAL_MOUNTS.items():
+        for cid in system.running_containers(service):
+            mounts = json.loads(system.inspect(cid, "{{json .Mounts}}") or "[]")
+            held = {
+                m["Destination"]: (m.get("Name", "").removeprefix(prefix), m["RW"])
+                for m in mounts
+                if m["Destination"].startswith("/etc/splitserve")
+            }
+            if held != {path: (volume, False) for path, volume in expected.items()}:
+                raise Failed(f"{service} {cid[:12]} mounts {held}, expected {expected} read-only")
+            files = json.loads(
+                run(["docker", "exec", cid, "python", "-c", LIST_FILES], timeout=60).stdout
+            )
+            names = {os.path.basename(f) for f in files}
+            bad = {f: m for f, m in files.items() if m != ["0o600", 1000]}
+            if bad or "ca.key" in names or not {"ca.crt", "tls.crt", "tls.key"} <= names:
+                raise Failed(f"{service} {cid[:12]}: credentials files {files}")
+            ca = ["cat", "/etc/splitserve/credentials/ca.crt"]
+            cas.add(run(["docker", "exec", cid, *ca], timeout=60).stdout)
+    if len(cas) != 1:  # `up` runs `credentials` again: it must keep the cluster's CA
+        raise Failed(f"the containers trust {len(cas)} different CAs")
+    say(
+        "credentials: each container mounts its own role's volume read-only (etcd also root's), "
+        "files 0600 owned by uid 1000, one CA, no CA key outside the credentials service"
+    )
+
+
+def access_probe(system: System, cmd: list[str], what: str) -> None:
+    """Runs tests/compose/access_probe.py with `cmd` (a `docker run` or `docker exec` ending in
+    `python -` and its arguments); every check must come out as expected."""
+    script = (ROOT / "tests" / "compose" / "access_probe.py").read_text()
+    out = run(cmd, stdin=script, timeout=300).stdout.strip().splitlines()
+    results = json.loads(out[-1])
+    wrong = {k: v["got"] for k, v in results.items() if not v["got"].startswith(v["expect"])}
+    if wrong or not results:
+        raise Failed(f"{what}: " + "; ".join(f"{k}: {v}" for k, v in wrong.items()))
+    refused = sum(v["expect"].startswith("refused") for v in results.values())
+    say(f"{what}: {refused} attempts refused, {len(results) - refused} answered, as expected")
+
+
+def check_access(system: System) -> None:
+    """Nothing for a process without the cluster's credentials; a role only its own links."""
+    etcd = system.running_containers("etcd")[0]
+    networks = json.loads(system.inspect(etcd, "{{json .NetworkSettings.Networks}}"))
+    (network,) = networks
+    image = f"splitserve-scheduler:{system.env.get('SPLITSERVE_IMAGE_TAG', 'latest')}"
+    outsider = ["docker", "run", "--rm", "-i", "--network", network, "--entrypoint", "python"]
+    # the CA's certificate is no secret: an impostor may trust it and still get nothing
+    ca = run(["docker", "exec", etcd, "cat", "/etc/splitserve/credentials/ca.crt"], timeout=60)
+    known = base64.b64encode(ca.stdout.encode()).decode()
+    access_probe(
+        system, [*outsider, image, "-", "outsider", known], "no credentials, on the network"
+    )
+    for role in ("worker", "frontend"):
+        cid = system.running_containers(role)[0]
+        exec_in = ["docker", "exec", "-i", cid, "python", "-"]
+        access_probe(system, [*exec_in, role, "/etc/splitserve/credentials"], f"inside a {role}")
 
 
 def scale_workers(system: System, client, n: int, frontends: int) -> None:

@@ -18,10 +18,10 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "cpu+hpa": ("cpu", ("hpa",)),
     "cpu+external-etcd": ("cpu", ("external-etcd",)),
     "cpu+ingress-tls": ("cpu", ("ingress-tls",)),
-    "cpu+internal-tls": ("cpu", ("internal-tls",)),
-    "gpu+internal-tls": ("gpu", ("internal-tls",)),
+    "gpu+external-etcd+keda": ("gpu", ("external-etcd", "keda")),
 }
-WORKLOAD_KINDS = ("Deployment", "StatefulSet")
+LONG_RUNNING_KINDS = ("Deployment", "StatefulSet")
+WORKLOAD_KINDS = (*LONG_RUNNING_KINDS, "Job")  # the Job: etcd's auth bootstrap
 
 
 @functools.cache
@@ -52,7 +52,12 @@ def named(resources: list[dict], kind: str, name: str) -> dict:
 
 
 def workloads(resources: list[dict]) -> list[dict]:
+    """Everything that runs pods: Deployments, StatefulSets and Jobs."""
     return [r for r in resources if r["kind"] in WORKLOAD_KINDS]
+
+
+def long_running(resources: list[dict]) -> list[dict]:
+    return [r for r in resources if r["kind"] in LONG_RUNNING_KINDS]
 
 
 def pod_labels(workload: dict) -> dict[str, str]:
@@ -74,3 +79,7 @@ def env_of(container: dict) -> dict[str, dict]:
 
 def component(workload: dict) -> str:
     return pod_labels(workload)["app.kubernetes.io/component"]
+
+
+def volumes_of(workload: dict) -> dict[str, dict]:
+    return {v["name"]: v for v in workload["spec"]["template"]["spec"].get("volumes", [])}

@@ -1,281 +1,293 @@
-"""components/internal-tls: mutual TLS between schedulers, workers and front-ends.
+"""Closed by default: every internal link of the manifests is mutual TLS, a certificate per role.
 
-Every TLS file a flag or a probe names lies in a read-only mount of the Secret
-`splitserve-internal-tls`, under one of its keys; the server name workers, front-ends and probes
-expect is the schedulers' Service name and a name docs/kubernetes.md tells the certificate to
-carry; the schedulers serve the worker-link port with mutual TLS exactly when the clients dial
-with a certificate (in every variant: either side alone locks the other out), and no kubelet
-gRPC probe (no TLS) is left on it. The probe splitserve-health speaks mutual TLS, and the
-openssl commands of docs/kubernetes.md make a certificate that is good as server and client.
+Each pod mounts its own role's Secret `splitserve-<role>-tls`, read-only, at the directory its
+process reads (`SPLITSERVE_CREDENTIALS`), and no other role's; both ends of every internal link
+hold their roles' credentials; etcd serves clients and peers on mutual TLS only, its /health and
+/metrics on loopback only; no kubelet probe is left on a TLS port. `splitserve credentials
+--kubernetes-secrets` writes exactly the Secrets the pods mount, and the probes' command lines,
+run for real with those credentials, get an answer only from a certificate of the cluster
+(test_credential_secrets.py: the Secrets themselves).
 """
 
 from __future__ import annotations
 
+import fnmatch
+import http.server
 import importlib.util
-import posixpath
 import re
-import shlex
-import shutil
-import subprocess
+import threading
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from common.tls import add_port
+from common.credentials import Credentials, role_name
+from splitserve.k8s_secrets import secret_name
+from tests.unit.deploy.credentials import (
+    CREDENTIAL_SECRETS,
+    MOUNT,
+    PROBES,
+    ROLE_OF,
+    credential_mounts,
+    credentials_dir,
+    etcd_flags,
+    flag_value,
+    make_cluster,
+    mounted,
+    probe_commands,
+)
 from tests.unit.deploy.rendering import (
-    NAMESPACE,
     ROOT,
     VARIANTS,
+    component,
     containers,
     env_of,
     named,
+    of_kind,
     rendered,
+    volumes_of,
+    workloads,
 )
 
-SECRET = "splitserve-internal-tls"
-SECRET_KEYS = {"ca.crt", "tls.crt", "tls.key"}
-TLS_VARIANTS = [v for v in VARIANTS if "internal-tls" in v]
 DOCS = (ROOT / "docs" / "kubernetes.md").read_text()
-PARTS = {
-    "scheduler": ("StatefulSet", "splitserve-scheduler"),
-    "worker": ("Deployment", "splitserve-worker"),
-    "frontend": ("Deployment", "splitserve-frontend"),
-}
-# what each part's settings are called (SPLITSERVE_* of its config dataclass)
-CLIENT_ENV = {
-    "worker": "SPLITSERVE_TLS_",
-    "frontend": "SPLITSERVE_SCHEDULER_TLS_",
-}
-SERVER_ENV = "SPLITSERVE_WORKER_TLS_"
+# (client, server, the server's port): every internal link
+LINKS = [
+    ("worker", "scheduler", "worker-link"),
+    ("frontend", "scheduler", "worker-link"),
+    ("scheduler", "etcd", "client"),
+    ("worker", "etcd", "client"),
+    ("frontend", "etcd", "client"),
+    ("etcd-auth", "etcd", "client"),
+    ("etcd", "etcd", "peer"),
+]
 
 
-def part(resources, name: str) -> tuple[dict, dict]:
-    workload = named(resources, *PARTS[name])
-    return workload, containers(workload)[0]
+def by_component(resources) -> dict[str, dict]:
+    return {component(w): w for w in workloads(resources)}
 
 
-def env_values(container: dict, prefix: str) -> dict[str, str]:
-    """{SUFFIX: value} of the variables named PREFIX + SUFFIX."""
-    return {
-        k[len(prefix) :]: e["value"]
-        for k, e in env_of(container).items()
-        if k.startswith(prefix) and "value" in e
-    }
-
-
-def probe_commands(container: dict) -> list[str]:
-    commands = []
-    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
-        command = container.get(kind, {}).get("exec", {}).get("command")
-        if command:
-            commands.append(" ".join(command))
-    return commands
-
-
-def expand(text: str, container: dict) -> str:
-    """$VAR and $(VAR) of the container's own variables, as the shell or the kubelet would."""
-    values = {k: e.get("value", "") for k, e in env_of(container).items()}
-    text = re.sub(r"\$\((\w+)\)", lambda m: values.get(m[1], m[0]), text)
-    return re.sub(r"\$\{?(\w+)\}?", lambda m: values.get(m[1], m[0]), text)
-
-
-def probe_tls_args(container: dict) -> list[dict[str, str]]:
-    """Each exec probe's --tls-* arguments (expanded), as {name: value}."""
-    found = []
-    for command in probe_commands(container):
-        words = shlex.split(expand(command, container).replace("sh -c ", "", 1))
-        args: dict[str, str] = {}
-        for i, word in enumerate(words):
-            if word.startswith("--tls"):
-                name, eq, value = word.partition("=")
-                args[name] = value if eq else words[i + 1]
-        found.append(args)
-    return found
-
-
-def tls_mounts(workload: dict, container: dict) -> dict[str, set[str]]:
-    """mountPath -> the keys of the internal-TLS Secret that appear there."""
-    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"].get("volumes", [])}
-    mounts = {}
-    for mount in container.get("volumeMounts", []):
-        secret = volumes[mount["name"]].get("secret", {})
-        if secret.get("secretName") == SECRET:
-            assert mount.get("readOnly") is True, mount
-            keys = {i["path"] for i in secret["items"]} if "items" in secret else SECRET_KEYS
-            mounts[mount["mountPath"]] = keys
-    return mounts
-
-
-def documented_sans() -> set[str]:
-    """The DNS names docs/kubernetes.md's openssl command and cert-manager Certificate give."""
-    (san_line,) = re.findall(r"subjectAltName = ([^'\n]+)", DOCS)
-    openssl = {n.strip().removeprefix("DNS:") for n in san_line.split(",")}
-    blocks = re.findall(r"```yaml\n(.*?)```", DOCS, re.S)
-    (certificate,) = [yaml.safe_load(b) for b in blocks if "kind: Certificate" in b]
-    assert certificate["spec"]["secretName"] == SECRET
-    assert {"server auth", "client auth"} <= set(certificate["spec"]["usages"])
-    assert set(certificate["spec"]["dnsNames"]) == openssl
-    return openssl
-
-
-def client_tls(resources, name: str) -> dict[str, str]:
-    return env_values(part(resources, name)[1], CLIENT_ENV[name])
-
-
-@pytest.mark.parametrize("variant", TLS_VARIANTS)
-def test_every_tls_file_is_in_a_mount_of_the_secret(variant):
-    resources = rendered(variant)
-    for name in PARTS:
-        workload, container = part(resources, name)
-        mounts = tls_mounts(workload, container)
-        assert mounts, f"{name} does not mount the Secret {SECRET}"
-        prefix = SERVER_ENV if name == "scheduler" else CLIENT_ENV[name]
-        files = [v for k, v in env_values(container, prefix).items() if k.endswith("_FILE")]
-        files += [v for args in probe_tls_args(container) for k, v in args.items() if "file" in k]
-        assert len(files) >= 3, (name, files)
-        for path in files:
-            directory, key = posixpath.split(path)
-            assert key in mounts.get(directory, set()), f"{name}: {path} is in no mount"
-    # made outside the manifests (openssl or cert-manager), and docs/kubernetes.md says how
-    assert SECRET not in {s["metadata"]["name"] for s in resources if s["kind"] == "Secret"}
-    assert f"create secret generic {SECRET}" in DOCS and "--from-file=tls.key" in DOCS
-
-
-@pytest.mark.parametrize("variant", TLS_VARIANTS)
-def test_clients_expect_the_schedulers_service_name_which_the_certificate_carries(variant):
-    resources = rendered(variant)
-    sans = documented_sans()
-    service = named(resources, "Service", "splitserve-scheduler")
-    expected = f"{service['metadata']['name']}.{NAMESPACE}.svc"
-    assert expected in sans
-    names = [client_tls(resources, n)["SERVER_NAME"] for n in CLIENT_ENV]
-    for name in PARTS:
-        container = part(resources, name)[1]
-        names += [a["--tls-server-name"] for a in probe_tls_args(container) if a]
-    assert len(names) >= 5 and set(names) == {expected}, names
+# ---- the manifests --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_the_scheduler_serves_mutual_tls_exactly_when_its_clients_dial_with_a_certificate(
+def test_every_pod_mounts_its_own_roles_credentials_and_no_other(variant):
+    for w in workloads(rendered(variant)):
+        role = ROLE_OF[component(w)]
+        mounts = credential_mounts(w)
+        assert mounts == {MOUNT: secret_name(role)}, (component(w), mounts)
+        assert credentials_dir(w) == MOUNT
+        (mount,) = [m for m in containers(w)[0]["volumeMounts"] if m["mountPath"] == MOUNT]
+        assert mount.get("readOnly") is True
+        secret = volumes_of(w)[mount["name"]]["secret"]
+        assert "items" not in secret  # ca.crt, tls.crt and tls.key, as the Secret has them
+        # the container's user (fsGroup 1000) reads it; nobody else
+        assert secret["defaultMode"] & 0o777 in (0o400, 0o440), oct(secret["defaultMode"])
+        pod = w["spec"]["template"]["spec"]["securityContext"]
+        assert pod["runAsUser"] == pod["fsGroup"] == 1000 and pod["runAsNonRoot"] is True
+        # one Secret of a role in the pod at all, whatever the container
+        secrets = {v["secret"]["secretName"] for v in volumes_of(w).values() if "secret" in v}
+        assert secrets & set(CREDENTIAL_SECRETS) == {secret_name(role)}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_credentials_are_made_outside_the_manifests_and_documented(variant):
+    resources = rendered(variant)
+    assert not {s["metadata"]["name"] for s in of_kind(resources, "Secret")} & set(
+        CREDENTIAL_SECRETS
+    ), "a role's key in the manifests (and in git)"
+    assert "--kubernetes-secrets" in DOCS
+    for name in CREDENTIAL_SECRETS:
+        assert name in DOCS
+    text = yaml.safe_dump_all(resources)
+    assert "worker-secret" not in text and "WORKER_SECRET" not in text
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_both_ends_of_every_internal_link_hold_their_roles_credentials(variant):
+    resources = rendered(variant)
+    parts = by_component(resources)
+    for client, server, _port in LINKS:
+        if server not in parts:  # components/external-etcd: an etcd of your own (docs)
+            assert server == "etcd" and "external-etcd" in variant
+            continue
+        for end in (client, server):
+            mounts = credential_mounts(parts[end])
+            assert mounts.get(credentials_dir(parts[end])) == secret_name(ROLE_OF[end]), end
+    # the servers: the schedulers take their credentials for 50052 (mutual TLS, each link
+    # only for its role: common/link_auth.py); etcd: test_etcd_serves_only_mutual_tls
+    sched = containers(parts["scheduler"])[0]
+    assert env_of(sched)["SPLITSERVE_CREDENTIALS"]["value"] == MOUNT
+    ports = {p["name"]: p["containerPort"] for p in sched["ports"]}
+    assert ports["worker-link"] == int(env_of(sched)["SPLITSERVE_WORKER_PORT"]["value"])
+
+
+def test_etcd_serves_only_mutual_tls_and_health_on_loopback_only():
+    resources = rendered("cpu")
+    flags = etcd_flags(resources)
+    for flag in ("--listen-client-urls", "--advertise-client-urls", "--listen-peer-urls"):
+        assert all(v.startswith("https://") for v in flags[flag]), (flag, flags[flag])
+    for url in flags["--initial-advertise-peer-urls"] + flags["--initial-cluster"][0].split(","):
+        assert "https://" in url and "http://" not in url, url
+    # a client or peer needs a certificate of the cluster's CA; peers only as etcd
+    assert "--client-cert-auth" in flags and "--peer-client-cert-auth" in flags
+    assert flags["--peer-cert-allowed-cn"] == [role_name("etcd")]
+    for prefix in ("--", "--peer-"):
+        assert flags[f"{prefix}trusted-ca-file"] == [f"{MOUNT}/ca.crt"]
+        assert flags[f"{prefix}cert-file"] == [f"{MOUNT}/tls.crt"]
+        assert flags[f"{prefix}key-file"] == [f"{MOUNT}/tls.key"]
+    (metrics,) = flags["--listen-metrics-urls"]
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+", metrics), metrics
+    etcd = containers(named(resources, "StatefulSet", "splitserve-etcd"))[0]
+    assert {p["name"] for p in etcd["ports"]} == {"client", "peer"}  # no plain port on the IP
+    for command in probe_commands(etcd):
+        assert command[0] == "splitserve-health"
+        assert flag_value(command, "--http").startswith(metrics + "/"), command
+    assert not any(k in etcd.get(p, {}) for p in PROBES for k in ("httpGet", "tcpSocket", "grpc"))
+
+
+def test_every_certificate_name_a_part_dials_is_one_the_certificate_carries(tmp_path):
+    """Workers and front-ends verify splitserve-scheduler and every part splitserve-etcd,
+    whatever address they dial (common/link_auth.py, common/etcd_client.py); etcd's members
+    dial each other at their per-pod peer names, which the etcd certificate must carry."""
+    from cryptography import x509
+
+    cluster = Path(make_cluster(tmp_path))
+    cert = x509.load_pem_x509_certificate((cluster / "etcd" / "tls.crt").read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    names = sans.get_values_for_type(x509.DNSName)
+    flags = etcd_flags(rendered("cpu"))
+    hosts = {
+        re.match(r"(?:[\w-]+=)?https://([^:/]+)", url)[1]
+        for url in flags["--initial-cluster"][0].split(",")
+        + flags["--initial-advertise-peer-urls"]
+        + flags["--advertise-client-urls"]
+    }
+    pod = "splitserve-etcd-1"
+    for host in {h.replace("$POD_NAME", pod) for h in hosts}:
+        assert any(fnmatch.fnmatch(host, n) for n in names), (host, names)
+    assert role_name("etcd") in names
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_no_kubelet_probe_is_left_on_a_tls_port_and_exec_probes_show_the_pods_credentials(
     variant,
 ):
-    resources = rendered(variant)
-    server = env_values(part(resources, "scheduler")[1], SERVER_ENV)
-    serves_tls = bool(server.get("CERT_FILE"))
-    if serves_tls:
-        assert server.get("KEY_FILE"), "a certificate without its key"
-    for name in CLIENT_ENV:
-        tls = client_tls(resources, name)
-        switch = env_of(part(resources, name)[1]).get(CLIENT_ENV[name].rstrip("_"), {})
-        dials_tls = switch.get("value", "").lower() == "true" or bool(
-            tls.get("CA_FILE") or tls.get("CERT_FILE")
-        )
-        assert dials_tls == serves_tls, (variant, name)
-        # mutual: with --worker-tls-ca-file, a client without a certificate is refused
-        if server.get("CA_FILE"):
-            assert tls.get("CERT_FILE") and tls.get("KEY_FILE"), (variant, name)
-        if dials_tls:
-            assert tls.get("CA_FILE"), f"{name} would trust the system roots, not the CA"
-            assert tls.get("SERVER_NAME"), f"{name} would expect the per-pod name"
-    if "internal-tls" in variant:
-        assert serves_tls and server.get("CA_FILE")
+    parts = by_component(rendered(variant))
+    tls_ports = {"scheduler": {50052, "worker-link"}, "etcd": {2379, 2380, "client", "peer"}}
+    for name, ports in tls_ports.items():
+        if name not in parts:
+            continue
+        c = containers(parts[name])[0]
+        for kind in PROBES:
+            probe = c.get(kind, {})
+            for how in ("grpc", "httpGet", "tcpSocket"):
+                assert probe.get(how, {}).get("port") not in ports, (name, kind)
+    sched = containers(parts["scheduler"])[0]
+    worker = containers(parts["worker"])[0]
+    for c in (sched, worker):
+        commands = probe_commands(c)
+        assert commands
+        for command in commands:
+            assert flag_value(command, "--credentials") == MOUNT, command
+    (liveness,) = probe_commands(worker)
+    assert flag_value(liveness, "--etcd-leader") == "$SPLITSERVE_ETCD"  # the ConfigMap's
+    assert "--no-stopped-process" in liveness
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_no_plaintext_probe_is_left_on_a_tls_port(variant):
-    resources = rendered(variant)
-    sched = part(resources, "scheduler")[1]
-    serves_tls = bool(env_values(sched, SERVER_ENV).get("CERT_FILE"))
-    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
-        probe = sched.get(kind, {})
-        on_link = "grpc" in probe and probe["grpc"]["port"] in (50052, "worker-link")
-        assert not (serves_tls and on_link), f"the kubelet's gRPC {kind} speaks no TLS"
-        assert sum(k in probe for k in ("grpc", "httpGet", "tcpSocket", "exec")) <= 1, probe
-    if serves_tls:
-        for name in ("scheduler", "worker"):
-            container = part(resources, name)[1]
-            args = probe_tls_args(container)
-            assert args and all(a.get("--tls-cert-file") for a in args), (name, args)
-    worker = part(resources, "worker")[1]
-    assert "--etcd-leader" in " ".join(probe_commands(worker))
+def test_the_auth_bootstrap_runs_once_as_a_job_with_the_root_credentials():
+    resources = rendered("cpu")
+    (job,) = of_kind(resources, "Job")
+    c = containers(job)[0]
+    assert c["command"] == ["python", "-m", "common.etcd_auth"]
+    assert "--endpoint=$(SPLITSERVE_ETCD)" in c["args"]
+    assert env_of(c)["SPLITSERVE_ETCD"]["valueFrom"]["configMapKeyRef"]["key"] == "etcd"
+    assert credential_mounts(job) == {MOUNT: secret_name("root")}
+    # nothing else holds the root role's key
+    others = [w for w in workloads(resources) if w is not job]
+    assert all(secret_name("root") not in credential_mounts(w).values() for w in others)
+    # an etcd of your own: its auth is yours to turn on (docs/kubernetes.md)
+    assert not of_kind(rendered("cpu+external-etcd"), "Job")
 
 
-# ---- the probe and the certificate, for real -------------------------------------------------
+# ---- the probes, for real --------------------------------------------------------------------
 
 
 def healthcheck():
     spec = importlib.util.spec_from_file_location(
-        "splitserve_health", ROOT / "docker/healthcheck.py"
+        "splitserve_health", ROOT / "docker" / "healthcheck.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def serve_health(cert: str, key: str, ca: str) -> tuple[grpc.Server, int]:
+def serve_health(credentials: Credentials) -> tuple[grpc.Server, int]:
+    """grpc.health.v1 as the schedulers' 50052 serves it: mutual TLS, any cluster certificate."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     servicer = health.HealthServicer()
     servicer.set("splitserve.v1.WorkerLink", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    port = add_port(server, "127.0.0.1:0", cert, key, ca)
+    port = server.add_secure_port("127.0.0.1:0", credentials.server_credentials())
     server.start()
     return server, port
 
 
-def openssl_certificate(directory) -> dict[str, str]:
-    """Runs the openssl commands of docs/kubernetes.md in `directory`."""
-    blocks = re.findall(r"```sh\n(.*?)```", DOCS, re.S)
-    (script,) = [b for b in blocks if "openssl req -x509" in b]
-    subprocess.run(["bash", "-euc", script], cwd=directory, check=True, capture_output=True)
-    return {k: str(directory / k) for k in SECRET_KEYS}
-
-
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl")
-def test_the_documented_certificate_serves_and_dials_under_the_expected_name(tmp_path):
-    files = openssl_certificate(tmp_path)
-    server, port = serve_health(files["tls.crt"], files["tls.key"], files["ca.crt"])
-    check = healthcheck().check_grpc
-    target = f"127.0.0.1:{port}"
-    service = "splitserve.v1.WorkerLink"
-    mutual = {
-        "ca_file": files["ca.crt"],
-        "cert_file": files["tls.crt"],
-        "key_file": files["tls.key"],
-        "server_name": f"splitserve-scheduler.{NAMESPACE}.svc",
-    }
-    try:
-        # the same certificate as client (workers, front-ends, probes) and as server
-        assert check(target, service, 3.0, mutual) == (True, "SERVING")
-        ok, why = check(target, service, 1.0, {**mutual, "cert_file": "", "key_file": ""})
-        assert not ok, "mutual TLS took a client without a certificate"
-        assert not check(target, service, 1.0, {**mutual, "server_name": "elsewhere.svc"})[0]
-        assert not check(target, service, 1.0, None)[0]  # plaintext
-        assert not check(target, service, 1.0, {**mutual, "ca_file": str(tmp_path / "no")})[0]
-    finally:
-        server.stop(0)
-
-
-def test_the_probe_command_line_takes_the_tls_flags(tmp_path, capsys):
-    from tests.e2e.certs import CertAuthority
-
-    ca = CertAuthority(tmp_path)
-    cert, key = ca.issue("localhost", server=True)
-    client_cert, client_key = ca.issue("probe", server=False)
-    server, port = serve_health(cert, key, ca.cert_file)
+def test_the_schedulers_probe_answers_only_with_a_certificate_of_themake_cluster(made, tmp_path):
+    cluster, _, secrets = made
+    rogue = Path(make_cluster(tmp_path / "rogue"))
+    server, port = serve_health(Credentials.load(cluster / "scheduler", "scheduler"))
+    sched = containers(named(rendered("cpu"), "StatefulSet", "splitserve-scheduler"))[0]
+    (command, _) = probe_commands(sched)
     main = healthcheck().main
-    base = [f"--target=127.0.0.1:{port}", "--service=splitserve.v1.WorkerLink", "--timeout=1"]
-    tls = [f"--tls-ca-file={ca.cert_file}", "--tls-server-name=localhost"]
+
+    def probe(directory) -> int:
+        args = [a for a in command[1:] if not a.startswith(("--target", "--credentials"))]
+        given = [f"--credentials={directory}"] if directory else []
+        return main([*args, f"--target=localhost:{port}", "--timeout=2", *given])
+
     try:
-        assert (
-            main([*base, *tls, f"--tls-cert-file={client_cert}", f"--tls-key-file={client_key}"])
-            == 0
-        )
-        assert main([*base, *tls]) == 1
-        assert main(base) == 1
-        with pytest.raises(SystemExit):
-            main([*base, *tls, f"--tls-cert-file={client_cert}"])
+        # the pod's own Secret, as mounted; a worker's certificate may ask health too
+        assert probe(mounted(secrets[secret_name("scheduler")], tmp_path / "mnt")) == 0
+        assert probe(cluster / "worker") == 0
+        assert probe(None) == 1  # plaintext: refused
+        assert probe(rogue / "scheduler") == 1  # another CA's certificate: refused
     finally:
         server.stop(0)
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    status = 200
+    body = b'{"health":"true","reason":""}'
+
+    def do_GET(self):  # noqa: N802 - the handler's name
+        self.send_response(self.status)
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_etcd_probes_as_the_kubelet_runs_them(monkeypatch):
+    etcd = containers(named(rendered("cpu"), "StatefulSet", "splitserve-etcd"))[0]
+    readiness, liveness = probe_commands(etcd)
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    main = healthcheck().main
+
+    def run(command) -> int:  # the same URL path, this test's port
+        url = re.sub(r":\d+/", f":{port}/", flag_value(command, "--http"))
+        return main([a if not a.startswith("--http") else f"--http={url}" for a in command[1:]])
+
+    try:
+        assert run(readiness) == 0 and run(liveness) == 0
+        monkeypatch.setattr(_Health, "body", b'{"health":"false","reason":"NOSPACE"}')
+        assert run(readiness) == 1  # no leader or an alarm: not ready
+        monkeypatch.setattr(_Health, "status", 503)
+        assert run(readiness) == 1
+    finally:
+        server.shutdown()

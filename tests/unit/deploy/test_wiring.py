@@ -4,7 +4,7 @@ Services select pods and their ports exist, probes name ports the containers hav
 are the ones docker-compose.yml builds, workers and front-ends find the leader the way the
 schedulers publish it, secrets and config referenced exist, only the front-ends are reachable
 from outside, scale-in leaves a worker the time of its drain, the autoscalers read metrics the
-scheduler emits.
+scheduler emits. Who holds which credentials: test_internal_tls.py.
 """
 
 from __future__ import annotations
@@ -15,22 +15,26 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from tests.unit.deploy.credentials import CREDENTIAL_SECRETS
 from tests.unit.deploy.rendering import (
     ROOT,
     VARIANTS,
     component,
     containers,
     env_of,
+    long_running,
     named,
     of_kind,
     pod_labels,
     rendered,
     selects,
+    volumes_of,
     workloads,
 )
 
-# made outside the manifests, named in docs/kubernetes.md: the Ingress's certificate
-EXTERNAL_SECRETS = {"splitserve-tls"}
+# made outside the manifests, named in docs/kubernetes.md: the Ingress's certificate, and each
+# role's credentials (`splitserve credentials DIR --kubernetes-secrets FILE`, or cert-manager)
+EXTERNAL_SECRETS = {"splitserve-tls", *CREDENTIAL_SECRETS}
 
 
 def port_exists(container: dict, port) -> bool:
@@ -58,7 +62,7 @@ def test_every_service_selects_pods_and_their_ports(variant):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_workload_selectors_match_their_pods(variant):
     resources = rendered(variant)
-    for w in workloads(resources):
+    for w in long_running(resources):  # a Job's selector is generated
         assert selects(w["spec"]["selector"]["matchLabels"], pod_labels(w))
     for pdb in of_kind(resources, "PodDisruptionBudget"):
         assert pods_of(resources, pdb["spec"]["selector"]["matchLabels"]), pdb["metadata"]
@@ -66,7 +70,10 @@ def test_workload_selectors_match_their_pods(variant):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_probe_names_a_port_of_its_container(variant):
-    for w in workloads(rendered(variant)):
+    resources = rendered(variant)
+    for job in of_kind(resources, "Job"):  # runs to its end: nothing to probe
+        assert job["spec"]["template"]["spec"]["restartPolicy"] in ("OnFailure", "Never")
+    for w in long_running(resources):
         for c in containers(w):
             probes = [c[k] for k in ("startupProbe", "readinessProbe", "livenessProbe") if k in c]
             assert "livenessProbe" in c, f"{c['name']} has no liveness probe"
@@ -80,10 +87,15 @@ def test_probes_are_the_ones_the_services_split():
     resources = rendered("cpu")
     front = containers(named(resources, "Deployment", "splitserve-frontend"))[0]
     assert front["readinessProbe"]["httpGet"]["path"] == "/ready"
-    assert front["livenessProbe"]["grpc"]["port"] == 50051
+    assert front["livenessProbe"]["grpc"]["port"] == 50051  # the client port: no mutual TLS
     sched = containers(named(resources, "StatefulSet", "splitserve-scheduler"))[0]
-    assert sched["readinessProbe"]["grpc"] == {"port": 50052, "service": "splitserve.v1.WorkerLink"}
+    for kind in ("startupProbe", "readinessProbe"):
+        command = sched[kind]["exec"]["command"]
+        assert "--target=localhost:50052" in command
+        assert "--service=splitserve.v1.WorkerLink" in command
     assert sched["livenessProbe"]["httpGet"]["path"] == "/health"
+    etcd = containers(named(resources, "StatefulSet", "splitserve-etcd"))[0]
+    assert "/health" in " ".join(etcd["readinessProbe"]["exec"]["command"])
     worker = containers(named(resources, "Deployment", "splitserve-worker"))[0]
     command = " ".join(worker["livenessProbe"]["exec"]["command"])
     assert "--etcd-leader" in command and "--no-stopped-process" in command
@@ -176,7 +188,7 @@ def test_etcd_members_name_each_other_under_the_peer_service():
     etcd = named(resources, "StatefulSet", "splitserve-etcd")
     script = containers(etcd)[0]["args"][0]
     peers = etcd["spec"]["serviceName"]
-    members = re.findall(r"(splitserve-etcd-\d)=http://(splitserve-etcd-\d)\.\$PEERS:2380", script)
+    members = re.findall(r"(splitserve-etcd-\d)=https://(splitserve-etcd-\d)\.\$PEERS:2380", script)
     assert f"PEERS={peers};" in script
     assert [m for m, _ in members] == [f"splitserve-etcd-{i}" for i in range(3)]
     assert all(a == b for a, b in members)
@@ -189,6 +201,7 @@ def test_referenced_secrets_and_config_exist(variant):
     resources = rendered(variant)
     secrets = {s["metadata"]["name"]: s for s in of_kind(resources, "Secret")}
     maps = {m["metadata"]["name"]: m for m in of_kind(resources, "ConfigMap")}
+    docs = (ROOT / "docs" / "kubernetes.md").read_text()
     for w in workloads(resources):
         for c in containers(w):
             for e in c.get("env", []):
@@ -201,7 +214,10 @@ def test_referenced_secrets_and_config_exist(variant):
                         ref["configMapKeyRef"]["key"]
                         in maps[ref["configMapKeyRef"]["name"]]["data"]
                     )
-    docs = (ROOT / "docs" / "kubernetes.md").read_text()
+        for volume in volumes_of(w).values():
+            if "secret" in volume:
+                name = volume["secret"]["secretName"]
+                assert name in secrets or (name in EXTERNAL_SECRETS and name in docs), name
     for ingress in of_kind(resources, "Ingress"):
         for tls in ingress["spec"]["tls"]:
             name = tls["secretName"]
@@ -219,11 +235,15 @@ def test_secrets_reach_the_parts_that_check_them():
             if "secretKeyRef" in e.get("valueFrom", {})
         }
 
-    assert (
-        secret_env("StatefulSet", "splitserve-scheduler")["SPLITSERVE_WORKER_SECRET"]
-        == (secret_env("Deployment", "splitserve-worker")["SPLITSERVE_WORKER_SECRET"])
-    )
+    # the API key to the parts that serve clients; no shared secret is left between the parts
+    # (their certificates are the credentials: test_internal_tls.py)
     assert secret_env("Deployment", "splitserve-frontend") == {"SPLITSERVE_API_KEY": "api-key"}
+    assert secret_env("StatefulSet", "splitserve-scheduler") == {"SPLITSERVE_API_KEY": "api-key"}
+    assert secret_env("Deployment", "splitserve-worker") == {}
+    (secret,) = of_kind(resources, "Secret")
+    assert set(secret["stringData"]) == {"api-key"}
+    for w in workloads(resources):
+        assert "SPLITSERVE_WORKER_SECRET" not in env_of(containers(w)[0])
 
 
 def policy_admits(policy: dict, source: SimpleNamespace, port) -> bool:
@@ -293,7 +313,8 @@ def test_network_policies_leave_only_the_frontends_reachable_from_outside(varian
         ("scheduler", "scheduler", "worker-link"),
     ]
     if "etcd" in by_component:
-        needed += [(src, "etcd", "client") for src in ("scheduler", "frontend", "worker", "etcd")]
+        sources = ("scheduler", "frontend", "worker", "etcd", "etcd-auth")
+        needed += [(src, "etcd", "client") for src in sources]
         needed += [("etcd", "etcd", "peer")]
     for src, dst, port in needed:
         assert admitted(resources, inside(by_component[src]), by_component[dst], port), (src, dst)
