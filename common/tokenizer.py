@@ -47,6 +47,21 @@ _PRE_SPLITS = {
 _CONTROL, _USER_DEFINED = 3, 4
 
 
+@dataclass(slots=True, frozen=True)
+class LengthBound:
+    """Every byte of a text ends up in one token of at most `longest` bytes, except the bytes
+    of `dropped`, which no token stands for (the tokenizer leaves them out): so a text is at
+    least (its UTF-8 bytes but those) / longest tokens."""
+
+    longest: int
+    dropped: bytes = b""
+
+    def least_tokens(self, text: str) -> int:
+        data = text.encode("utf-8", "surrogatepass")
+        covered = len(data.translate(None, self.dropped)) if self.dropped else len(data)
+        return -(-covered // self.longest)
+
+
 @dataclass(slots=True)
 class Tokenizer:
     backend: tokenizers.Tokenizer
@@ -55,6 +70,7 @@ class Tokenizer:
     special_tokens: dict[str, str | None] = field(default_factory=dict)  # bos/eos/pad/unk
     add_bos_token: bool = False
     _byte_pieces: list = field(default_factory=list, repr=False, compare=False)  # [table|None]
+    _length_bound: list = field(default_factory=list, repr=False, compare=False)  # [bound|None]
 
     def byte_pieces(self) -> BytePieces | None:
         """Token id -> bytes when this is a byte-level BPE tokenizer (built once: a pass over the
@@ -62,6 +78,13 @@ class Tokenizer:
         if not self._byte_pieces:
             self._byte_pieces.append(build_byte_pieces(self.backend))
         return self._byte_pieces[0]
+
+    def length_bound(self) -> LengthBound | None:
+        """A lower bound on a text's token count that costs no tokenizing (computed once);
+        None where this tokenizer allows none (see _length_bound)."""
+        if not self._length_bound:
+            self._length_bound.append(_length_bound(self))
+        return self._length_bound[0]
 
     def token_id(self, role: str) -> int | None:
         token = self.special_tokens.get(role)
@@ -103,6 +126,47 @@ class Tokenizer:
             self.chat_template, messages, add_generation_prompt, self.special_tokens, extra
         )
         return self.encode(text, add_special_tokens=False) if tokenize else text
+
+
+# pre-tokenizers that only split the text, never drop a part of it
+_SPLITTING = {"ByteLevel", "Metaspace", "Digits", "Punctuation", "UnicodeScripts", "Split"}
+
+
+def _keeps_every_byte(pre_tokenizer: dict | None) -> bool:
+    if pre_tokenizer is None:
+        return True
+    if pre_tokenizer.get("type") == "Sequence":
+        return all(_keeps_every_byte(p) for p in pre_tokenizer.get("pretokenizers", ()))
+    return pre_tokenizer.get("type") in _SPLITTING and pre_tokenizer.get("behavior") != "Removed"
+
+
+def _length_bound(tok: Tokenizer) -> LengthBound | None:
+    """The longest token of the vocabulary (special and added tokens too) in bytes, for a BPE
+    model that keeps every byte of the text but those it has no token for: no normalizer (one
+    may shrink the text: NFKC, Strip), no pre-tokenizer that drops what it splits on
+    (Whitespace), no added token that strips the whitespace beside it (it takes any run).
+    Byte-level vocabularies are measured by their byte table; a byte with no token of its own
+    is dropped by BPE, so it is not counted. Any other BPE is measured by the UTF-8 length of
+    its tokens' text (never less than the bytes one stands for), and needs byte fallback or an
+    unknown token for one character (at most 4 bytes) at a time: without either a character
+    outside the vocabulary is dropped, with fuse_unk a whole run is one token: no bound."""
+    config = json.loads(tok.backend.to_str())
+    model = config.get("model") or {}
+    if model.get("type") != "BPE":
+        return None
+    if any(t.lstrip or t.rstrip for t in tok.backend.get_added_tokens_decoder().values()):
+        return None
+    if config.get("normalizer") is not None or not _keeps_every_byte(config.get("pre_tokenizer")):
+        return None
+    table = tok.byte_pieces()
+    if table is not None:
+        alone = {p[0] for p in table.pieces if len(p) == 1}
+        dropped = bytes(b for b in range(256) if b not in alone)
+        return LengthBound(max(map(len, table.pieces)), dropped)
+    if not (model.get("byte_fallback") or (model.get("unk_token") and not model.get("fuse_unk"))):
+        return None
+    longest = max(len(t.encode()) for t in tok.backend.get_vocab(with_added_tokens=True))
+    return LengthBound(max(longest, 4))
 
 
 def load_tokenizer(model: str | os.PathLike[str] | ModelSource | None = None) -> Tokenizer:

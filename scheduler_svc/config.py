@@ -103,6 +103,18 @@ class SchedulerServiceConfig:
         "workers' and front-ends' certificates get in, and to etcd. Required unless --host is "
         "loopback; `splitserve up` passes its own",
     )
+    max_request_bytes: int = _opt(
+        4 * 1024 * 1024,
+        "largest HTTP request body accepted; a larger one gets 413 before it is read (0 = no cap)",
+    )
+    http_header_timeout: float = _opt(
+        10.0, "seconds an HTTP connection has to send a complete request head (0 = no limit)"
+    )
+    http_max_connections: int = _opt(
+        1000,
+        "most HTTP connections open at once (idle ones too); one more gets 503 and is closed. "
+        "Keep it under the open-file limit (ulimit -n); 0 = no cap",
+    )
     event_loop: str = _opt(
         "auto", "asyncio loop: auto (uvloop when installed), uvloop, asyncio", choices=EVENT_LOOPS
     )

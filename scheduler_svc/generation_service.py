@@ -84,10 +84,8 @@ class GenerationService(pb_grpc.GenerationServicer):
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):  # noqa: N802
         submitted: list[RequestState] = []
         try:
-            if request.sampling.HasField("structured"):  # compiles: beside the event loop
-                group = await asyncio.to_thread(self.intake.build_group, request)
-            else:
-                group = self.intake.build_group(request)
+            # tokenizing (and compiling a grammar) beside the event loop: other streams go on
+            group = await asyncio.to_thread(self.intake.build_group, request)
             for state in group:
                 self.engine.submit(state)
                 submitted.append(state)

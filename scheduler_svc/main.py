@@ -121,6 +121,9 @@ class SchedulerServer:
                 ssl_certfile=cfg.tls_cert_file,
                 ssl_keyfile=cfg.tls_key_file,
                 ssl_ca_certs=cfg.tls_client_ca_file,
+                max_request_bytes=cfg.max_request_bytes,
+                header_timeout=cfg.http_header_timeout,
+                max_connections=cfg.http_max_connections,
             )
 
     def _client_api(

@@ -72,6 +72,18 @@ class FrontendConfig:
         "to etcd. Required unless the scheduler is on loopback",
     )
     max_message_bytes: int = _opt(4 * 1024 * 1024, "largest client gRPC message accepted")
+    max_request_bytes: int = _opt(
+        4 * 1024 * 1024,
+        "largest HTTP request body accepted; a larger one gets 413 before it is read (0 = no cap)",
+    )
+    http_header_timeout: float = _opt(
+        10.0, "seconds an HTTP connection has to send a complete request head (0 = no limit)"
+    )
+    http_max_connections: int = _opt(
+        1000,
+        "most HTTP connections open at once (idle ones too); one more gets 503 and is closed. "
+        "Keep it under the open-file limit (ulimit -n); 0 = no cap",
+    )
     event_loop: str = _opt("auto", "asyncio loop: auto, uvloop, asyncio")
     log_level: str = _opt("info", "log level")
     log_json: bool = _opt(True, "JSON log lines")
@@ -168,6 +180,9 @@ class FrontendServer:
                 ssl_certfile=cfg.tls_cert_file,
                 ssl_keyfile=cfg.tls_key_file,
                 ssl_ca_certs=cfg.tls_client_ca_file,
+                max_request_bytes=cfg.max_request_bytes,
+                header_timeout=cfg.http_header_timeout,
+                max_connections=cfg.http_max_connections,
                 reuse_port=True,
             )
 

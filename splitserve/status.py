@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -15,10 +16,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", action="store_true", help="print GET /cluster's JSON as it is")
     p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("SPLITSERVE_API_KEY", ""),
+        help="the server's API key, where it has one (/cluster needs it); "
+        "default: $SPLITSERVE_API_KEY",
+    )
 
 
-def fetch(url: str, timeout: float) -> dict:
-    with urllib.request.urlopen(url.rstrip("/") + "/cluster", timeout=timeout) as response:
+def fetch(url: str, timeout: float, api_key: str = "") -> dict:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    request = urllib.request.Request(url.rstrip("/") + "/cluster", headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.loads(response.read())
 
 
@@ -53,11 +62,16 @@ def _row(kind: str, m: dict, detail: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        body = fetch(args.url, args.timeout)
+        body = fetch(args.url, args.timeout, args.api_key)
     except urllib.error.HTTPError as exc:
         print(
             f"error: {args.url}/cluster answered {exc.code}: {exc.read().decode()}", file=sys.stderr
         )
+        if exc.code == 401:
+            print(
+                "the server has an API key: pass --api-key (or set SPLITSERVE_API_KEY)",
+                file=sys.stderr,
+            )
         return 2
     except (urllib.error.URLError, OSError) as exc:
         print(f"error: cannot reach {args.url}: {exc}", file=sys.stderr)

@@ -12,7 +12,8 @@ from scheduler_svc.engine import ServingEngine
 from scheduler_svc.request_state import RequestState
 from scheduler_svc.worker_session import ExecuteTransport, StepReply, WorkerLost, WorkerRegistration
 
-VOCAB = 1000
+VOCAB = 1000  # the fake model's; tests that tokenize real text give the engine TOKENIZER_VOCAB
+TOKENIZER_VOCAB = 49152  # the default model's (SmolLM2), whose tokenizer those tests use
 
 
 def next_token(history: list[int]) -> int:
@@ -39,7 +40,8 @@ class FakeWorker(ExecuteTransport):
     model's embedding lookup, a step fails as a whole when any token id it is sent is outside
     the vocabulary."""
 
-    def __init__(self, fail_at_step: int | None = None) -> None:
+    def __init__(self, fail_at_step: int | None = None, vocab_size: int = VOCAB) -> None:
+        self.vocab_size = vocab_size
         self.prompts: dict[str, list[int]] = {}
         self.tokens: dict[str, list[int]] = {}
         self.steps = 0
@@ -55,7 +57,7 @@ class FakeWorker(ExecuteTransport):
             self.prompts.pop(rid, None)
         computed = {}
         for new in out.new_requests:
-            if max(new.prompt_token_ids + new.output_token_ids) >= VOCAB:
+            if max(new.prompt_token_ids + new.output_token_ids) >= self.vocab_size:
                 raise WorkerLost(
                     f"worker failed a step: token id out of range for {new.request_id}"
                 )
@@ -80,12 +82,12 @@ class FakeWorker(ExecuteTransport):
         return StepReply(sampled)
 
 
-def make_engine(**overrides) -> ServingEngine:
+def make_engine(vocab_size: int = VOCAB, **overrides) -> ServingEngine:
     defaults = dict(
         max_num_batched_tokens=64, max_num_seqs=8, max_model_len=512, worker_wait_timeout=0.5
     )
     cfg = SchedulerServiceConfig(**{**defaults, **overrides})
-    return ServingEngine(cfg, "fake", VOCAB)
+    return ServingEngine(cfg, "fake", vocab_size)
 
 
 def make_state(rid: str, prompt: list[int], max_tokens: int, stop=()) -> RequestState:

@@ -14,8 +14,9 @@ from scheduler_svc.http.openai_routes import openai_router
 from scheduler_svc.http.priority_routes import priority_router
 from scheduler_svc.http.tokenize_routes import tokenize_router
 
-# paths that never need the API key: probes and read-only operational pages (counts only)
-OPEN_PATHS = ("/health", "/ready", "/metrics", "/cluster", "/dashboard", "/")
+# paths that never need the API key: probes and read-only operational pages (counts only).
+# Not /cluster: it names hosts, pids and the addresses of workers and front-ends.
+OPEN_PATHS = ("/health", "/ready", "/metrics", "/dashboard", "/")
 
 
 def is_open_path(path: str) -> bool:

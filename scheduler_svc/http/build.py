@@ -122,7 +122,7 @@ def completion_prompt(intake: Intake, prompt) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise OpenAIError(400, "the prompt is empty", "prompt")
-        return intake.tokenizer.encode(prompt)
+        return intake.encode_prompt(prompt)
     if not prompt:
         raise OpenAIError(400, "the prompt is empty", "prompt")
     return intake.check_token_ids(list(prompt))

@@ -50,7 +50,7 @@ def openai_router(ctx: HttpContext) -> APIRouter:
     @router.post("/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(intake, body.model)
-        state = await _built_beside(ctx, _compiles(body), lambda: build_completion(intake, body))
+        state = await _built_beside(ctx, lambda: build_completion(intake, body))
         group = _built(ctx, lambda: choices(intake, body, state))
         echo = intake.tokenizer.decode(state.prompt_token_ids) if body.echo else ""
 
@@ -76,8 +76,7 @@ def openai_router(ctx: HttpContext) -> APIRouter:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(intake, body.model)
         tools = _built(ctx, lambda: tool_plan(body))
-        compiles = _compiles(body) or bool(body.tools) or body.response_format is not None
-        state = await _built_beside(ctx, compiles, lambda: build_chat(intake, body, tools))
+        state = await _built_beside(ctx, lambda: build_chat(intake, body, tools))
         group = _built(ctx, lambda: choices(intake, body, state))
 
         def fmt(index: int = 0) -> ResponseFormatter:
@@ -101,25 +100,11 @@ def openai_router(ctx: HttpContext) -> APIRouter:
     return router
 
 
-GUIDED_FIELDS = (
-    "structured_outputs",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-)
-
-
-def _compiles(body) -> bool:
-    """Does building this body compile a grammar (milliseconds for a large schema)."""
-    return any(getattr(body, name) is not None for name in GUIDED_FIELDS)
-
-
-async def _built_beside(ctx: HttpContext, off_loop: bool, build: Callable[[], Built]) -> Built:
-    """_built, on a thread when it compiles a grammar: llguidance lets go of the GIL while it
-    compiles, so the event loop (in one process with the scheduler, its step loop) goes on."""
-    if not off_loop:
-        return _built(ctx, build)
+async def _built_beside(ctx: HttpContext, build: Callable[[], Built]) -> Built:
+    """_built, on a thread: building renders the chat template, tokenizes (a microsecond a
+    byte) and may compile a grammar; the tokenizer and llguidance let go of the GIL meanwhile,
+    so the event loop (in one process with the scheduler, its step loop) and every other
+    client's stream go on."""
     try:
         return await asyncio.to_thread(build)
     except OpenAIError:

@@ -1,4 +1,6 @@
-"""Run uvicorn inside the scheduler's asyncio loop, next to the gRPC servers."""
+"""Run uvicorn inside the scheduler's asyncio loop, next to the gRPC servers, with the limits
+every request and connection has: the body cap (body_limit.py), the header timeout and the
+connection cap (connection_limits.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import ssl
 import uvicorn
 
 from common.logging import get_logger
+from scheduler_svc.http.body_limit import BodyLimitMiddleware
+from scheduler_svc.http.connection_limits import limited_protocol
 
 log = get_logger("splitserve.http")
 
@@ -51,7 +55,13 @@ class HttpServer:
         ssl_keyfile: str = "",
         ssl_ca_certs: str = "",
         reuse_port: bool = False,
+        *,
+        max_request_bytes: int,
+        header_timeout: float,
+        max_connections: int,
     ) -> None:
+        """The three limits as their flags give them (--max-request-bytes,
+        --http-header-timeout, --http-max-connections); 0 turns one off."""
         self.sock = bind_socket(host, port, reuse_port)
         self.port = self.sock.getsockname()[1]
         tls = {}
@@ -60,8 +70,9 @@ class HttpServer:
             if ssl_ca_certs:  # client certificates required, as on gRPC
                 tls |= {"ssl_ca_certs": ssl_ca_certs, "ssl_cert_reqs": ssl.CERT_REQUIRED}
         config = uvicorn.Config(
-            app,
+            BodyLimitMiddleware(app, max_request_bytes),
             **tls,
+            http=limited_protocol(header_timeout, max_connections),
             log_config=None,
             access_log=False,
             lifespan="off",

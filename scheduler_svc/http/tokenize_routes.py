@@ -4,6 +4,7 @@ the model would see, and token ids back to text."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter
@@ -54,22 +55,13 @@ def tokenize_router(ctx: HttpContext) -> APIRouter:
 
     @router.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict:
+        """A prompt certainly over max_model_len (Intake.check_text_length) is refused as
+        /v1/completions refuses it, uncounted; any other gets its count."""
         check_model(intake, body.model)
         if (body.prompt is None) == (body.messages is None):
             raise OpenAIError(400, "send either prompt or messages", "prompt")
-        if body.prompt is not None:
-            add_special = True if body.add_special_tokens is None else body.add_special_tokens
-            tokens = intake.tokenizer.encode(body.prompt, add_special_tokens=add_special)
-        else:
-            tokens = _chat_tokens(intake, body)
-        reply: dict = {"count": len(tokens), "max_model_len": intake.max_model_len}
-        reply["tokens"] = tokens
-        reply["token_strs"] = (
-            [intake.tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
-            if body.return_token_strs
-            else None
-        )
-        return reply
+        # beside the event loop, as the completion routes tokenize
+        return await asyncio.to_thread(_tokenize, intake, body)
 
     @router.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict:
@@ -83,12 +75,31 @@ def tokenize_router(ctx: HttpContext) -> APIRouter:
     return router
 
 
+def _tokenize(intake, body: TokenizeRequest) -> dict:
+    if body.prompt is not None:
+        add_special = True if body.add_special_tokens is None else body.add_special_tokens
+        try:
+            tokens = intake.encode_prompt(body.prompt, add_special_tokens=add_special)
+        except RequestRejected as exc:
+            raise refused(exc) from exc
+    else:
+        tokens = _chat_tokens(intake, body)
+    reply: dict = {"count": len(tokens), "max_model_len": intake.max_model_len}
+    reply["tokens"] = tokens
+    reply["token_strs"] = (
+        [intake.tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
+        if body.return_token_strs
+        else None
+    )
+    return reply
+
+
 def _chat_tokens(intake, body: TokenizeRequest) -> list[int]:
     chat = _ChatView(messages=body.messages or [], tools=body.tools)
     try:
         tokens = chat_prompt(intake, chat, tool_plan(chat), body.add_generation_prompt)
     except RequestRejected as exc:
-        raise refused(exc) from exc
+        raise refused(exc, {"prompt": "messages"}) from exc
     if body.add_special_tokens:  # the template writes its own; a BOS on top, if asked
         bos = intake.tokenizer.bos_token_id
         if bos is not None and tokens[:1] != [bos]:

@@ -17,6 +17,7 @@ from scheduler_svc.http.protocol import ChatCompletionRequest
 from scheduler_svc.intake import Intake
 from scheduler_svc.metrics import MetricsObserver, ObserverGroup
 from tests.engine_fakes import (
+    TOKENIZER_VOCAB,
     FakeWorker,
     make_engine,
     reference,
@@ -30,12 +31,15 @@ MODEL = "fake"
 
 def run(fn, workers: int = 1, api_key: str = "", **engine_overrides):
     async def main():
-        engine = make_engine(**engine_overrides)
+        engine = make_engine(TOKENIZER_VOCAB, **engine_overrides)
         intake = Intake(TOK, MODEL, {MODEL}, 512)
         metrics, history = MetricsObserver(engine), DashboardHistory(engine)
         engine.observer = ObserverGroup(metrics, history)
         ctx = HttpContext(engine, intake, api_key, metrics, history)
-        sessions = [engine.attach(registration(f"w{i}"), FakeWorker()) for i in range(workers)]
+        sessions = [
+            engine.attach(registration(f"w{i}"), FakeWorker(vocab_size=TOKENIZER_VOCAB))
+            for i in range(workers)
+        ]
         tasks = [asyncio.create_task(run_session(engine, s)) for s in sessions]
         transport = httpx.ASGITransport(app=create_app(ctx))
         try:

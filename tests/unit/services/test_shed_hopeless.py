@@ -14,15 +14,23 @@ from common.pb import sampling_pb2
 from scheduler_svc.core import FinishReason
 from scheduler_svc.generation_service import GenerationService
 from scheduler_svc.intake import Intake
-from tests.engine_fakes import FakeWorker, drain, make_engine, make_state, registration, run_session
+from tests.engine_fakes import (
+    TOKENIZER_VOCAB,
+    FakeWorker,
+    drain,
+    make_engine,
+    make_state,
+    registration,
+    run_session,
+)
 from tests.unit.services.test_http_api import MODEL, TOK, run
 from tests.unit.services.test_policy_set_priority import Aborted, FakeContext
 
 
 def test_hopeless_request_ends_at_once_with_resource_exhausted():
     async def main():
-        engine = make_engine(scheduling_policy="goodput", shed_hopeless=True)
-        session = engine.attach(registration("w"), FakeWorker())
+        engine = make_engine(TOKENIZER_VOCAB, scheduling_policy="goodput", shed_hopeless=True)
+        session = engine.attach(registration("w"), FakeWorker(vocab_size=TOKENIZER_VOCAB))
         task = asyncio.create_task(run_session(engine, session))
         hopeless = make_state("late", [1, 2, 3, 4], 400)  # 400 decode steps: seconds
         hopeless.deadline = time.monotonic() + 0.05
@@ -57,8 +65,8 @@ def test_hopeless_request_ends_at_once_with_resource_exhausted():
 )
 def test_shed_message_names_the_target_missed(target, named):
     async def main():
-        engine = make_engine(scheduling_policy="goodput", shed_hopeless=True)
-        session = engine.attach(registration("w"), FakeWorker())
+        engine = make_engine(TOKENIZER_VOCAB, scheduling_policy="goodput", shed_hopeless=True)
+        session = engine.attach(registration("w"), FakeWorker(vocab_size=TOKENIZER_VOCAB))
         task = asyncio.create_task(run_session(engine, session))
         hopeless = make_state("late", [1, 2, 3, 4], 400)
         if target == "deadline":
@@ -132,8 +140,8 @@ def test_deadlines_met_and_missed_reach_metrics_and_dashboard():
 
 def test_hopeless_request_is_resource_exhausted_over_grpc():
     async def main():
-        engine = make_engine(scheduling_policy="goodput", shed_hopeless=True)
-        session = engine.attach(registration("w"), FakeWorker())
+        engine = make_engine(TOKENIZER_VOCAB, scheduling_policy="goodput", shed_hopeless=True)
+        session = engine.attach(registration("w"), FakeWorker(vocab_size=TOKENIZER_VOCAB))
         task = asyncio.create_task(run_session(engine, session))
         service = GenerationService(engine, Intake(TOK, MODEL, {MODEL}, 512))
         request = pb.GenerateRequest(
@@ -156,9 +164,12 @@ def test_hopeless_request_is_resource_exhausted_over_grpc():
 
 def test_goodput_costs_follow_the_measured_step_time_and_the_live_workers():
     async def main():
-        engine = make_engine(scheduling_policy="goodput")
+        engine = make_engine(TOKENIZER_VOCAB, scheduling_policy="goodput")
         default = engine.policy.costs
-        sessions = [engine.attach(registration(w), FakeWorker()) for w in ("a", "b")]
+        sessions = [
+            engine.attach(registration(w), FakeWorker(vocab_size=TOKENIZER_VOCAB))
+            for w in ("a", "b")
+        ]
         tasks = [asyncio.create_task(run_session(engine, s)) for s in sessions]
         states = [make_state(f"r{k}", [1, 2, 3, 4 + k], 6) for k in range(4)]
         for state in states:
@@ -224,7 +235,7 @@ def test_targets_travel_over_grpc_into_the_core_request():
 
 def test_a_hopeless_request_in_the_global_queue_is_shed_too():
     async def main():
-        engine = make_engine(scheduling_policy="goodput", shed_hopeless=True)
+        engine = make_engine(TOKENIZER_VOCAB, scheduling_policy="goodput", shed_hopeless=True)
         hopeless = make_state("late", [1, 2, 3, 4], 400)  # no worker yet: the global queue
         hopeless.deadline = time.monotonic() + 0.05
         fine = make_state("fine", [5, 6, 7, 8], 4)

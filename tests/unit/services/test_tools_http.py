@@ -16,7 +16,7 @@ from scheduler_svc.core import SchedulerOutput
 from scheduler_svc.http import HttpContext, create_app
 from scheduler_svc.intake import Intake
 from scheduler_svc.worker_session import ExecuteTransport, StepReply
-from tests.engine_fakes import make_engine, registration, run_session
+from tests.engine_fakes import TOKENIZER_VOCAB, make_engine, registration, run_session
 
 TOK = load_tokenizer(None)
 WEATHER = {
@@ -73,7 +73,7 @@ def post(text: str, payload: dict) -> tuple[httpx.Response, ScriptedWorker]:
     worker = ScriptedWorker(text)
 
     async def main():
-        engine = make_engine()
+        engine = make_engine(TOKENIZER_VOCAB)
         ctx = HttpContext(engine, Intake(TOK, "fake", {"fake"}, 512))
         session = engine.attach(registration("w0", num_blocks=256), worker)
         task = asyncio.create_task(run_session(engine, session))

@@ -99,7 +99,8 @@ async def poisoning_worker(stub, poison_at: int, where: str, bad_id: int) -> Non
     assert (await call.read()).WhichOneof("msg") == "register_ack"
     model = FakeWorker()
     steps = 0
-    with contextlib.suppress(grpc.aio.AioRpcError):  # the scheduler ends the stream
+    # the scheduler ends the stream: as an error on a read, or a write after the end
+    with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
         while (msg := await call.read()) is not grpc.aio.EOF:
             if msg.WhichOneof("msg") != "step":
                 continue
