@@ -21,6 +21,9 @@ from common.logging import get_logger
 log = get_logger("splitserve.leader_probe")
 CONNECT_TIMEOUT_S = 1.0
 MIN_CONNECTION_S = 0.5
+# after a connection that ended quickly: the first retry soon (a dying process's listening
+# socket can still take a connection after the old one closed), then slower up to the minimum
+FIRST_RETRY_S = 0.02
 # a connection attempt ending with one of these proves no process listens at the address
 _GONE = (errno.ECONNREFUSED, errno.EHOSTUNREACH)
 
@@ -48,6 +51,7 @@ async def _depose_when_gone(coord: Coordinator, leader: LeaderInfo) -> None:
         return
     host = host.strip("[]")
     loop = asyncio.get_running_loop()
+    retry_s = FIRST_RETRY_S
     while True:
         try:
             reader, writer = await asyncio.wait_for(
@@ -62,15 +66,20 @@ async def _depose_when_gone(coord: Coordinator, leader: LeaderInfo) -> None:
             continue
         opened_at = loop.time()
         try:
-            # nothing is ever sent: read() returns when the leader's side closes (its process
-            # died, or its server dropped an idle connection after the handshake timeout)
-            await reader.read(1)
+            # nothing is ever sent: the reads end when the leader's side closes (its process
+            # died, or its server dropped an idle connection after the handshake timeout); what
+            # a plaintext server sends first (its HTTP/2 settings) is read and dropped
+            while await reader.read(4096):
+                pass
         except OSError:
             pass
         finally:
             writer.close()
         if loop.time() - opened_at < MIN_CONNECTION_S:  # a server that hangs up at once
-            await asyncio.sleep(MIN_CONNECTION_S)
+            await asyncio.sleep(retry_s)
+            retry_s = min(MIN_CONNECTION_S, 2 * retry_s)
+        else:
+            retry_s = FIRST_RETRY_S
     log.warning(
         "leader_process_gone", member_id=leader.member_id, epoch=leader.epoch, address=address
     )
