@@ -170,6 +170,8 @@ def run_up(args: argparse.Namespace) -> int:
         env.pop(name, None)
     state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
     credentials = create_cluster(state_dir / "credentials")
+    # said at every log level: the one place a user learns where the cluster's keys are
+    print(f"splitserve up: the cluster's credentials are in {credentials}", file=sys.stderr)
     log.info("credentials", directory=str(credentials), message=CREDENTIALS_NOTE)
     if args.schedulers < 1 or args.frontends < 0 or args.workers < 0:
         raise SystemExit("--schedulers must be 1 or more, --frontends and --workers 0 or more")

@@ -201,7 +201,7 @@ class WorkerLinkClient:
 
     def _follow_leader(self):
         """Watch etcd for the leader and switch to each new one; wait for the first."""
-        from common.coordination import LeaderWatcherThread  # etcd client: only with --etcd
+        from common.leader_watcher import LeaderWatcherThread  # etcd client: only with --etcd
 
         def on_change(leader) -> None:
             if leader is None:

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from common.coordination import Coordinator, LeaderInfo, LeaderWatcherThread, cancel_and_wait
+from common.coordination import Coordinator, LeaderInfo, cancel_and_wait
 from common.credentials import Credentials, create_cluster
 from common.etcd_auth import ensure_auth_blocking
 from common.etcd_server import EtcdServer
+from common.leader_watcher import LeaderWatcherThread
 
 ROOT = Path(__file__).resolve().parents[3]
 TTL = 2.0

@@ -243,7 +243,7 @@ def test_switch_scheduler_cuts_a_long_reconnect_wait_short(serve, worker):
 
 
 class FakeWatcher:
-    """common.coordination.LeaderWatcherThread as the link uses it (etcd not needed)."""
+    """common.leader_watcher.LeaderWatcherThread as the link uses it (etcd not needed)."""
 
     instances: list[FakeWatcher] = []
 
@@ -272,7 +272,7 @@ def test_with_etcd_the_worker_waits_for_a_leader_and_follows_each_new_one(
     serve, worker, monkeypatch
 ):
     monkeypatch.setitem(
-        sys.modules, "common.coordination", SimpleNamespace(LeaderWatcherThread=FakeWatcher)
+        sys.modules, "common.leader_watcher", SimpleNamespace(LeaderWatcherThread=FakeWatcher)
     )
     FakeWatcher.instances.clear()
     first, second = ScriptedLeader(lambda leader, reqs: iter([ack(4)])), ScriptedLeader()
