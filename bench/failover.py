@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from common.client import SplitserveClient  # noqa: E402
 from tests.e2e.ha_cluster import ha_up_argv, wait_ha_ready  # noqa: E402
-from tests.e2e.procs import free_port  # noqa: E402
+from tests.e2e.procs import free_port, interrupt  # noqa: E402
 
 
 @dataclass
@@ -147,11 +146,7 @@ def main() -> int:
     except (TimeoutError, RuntimeError, AssertionError, StopIteration) as exc:
         print(f"stopped after {len(rows)} runs: {exc!r} (log: {log_path})", file=sys.stderr)
     finally:
-        popen.send_signal(signal.SIGINT)
-        try:
-            popen.wait(60)
-        except subprocess.TimeoutExpired:
-            popen.kill()
+        interrupt(popen, 60)
     header = list(rows[0]) if rows else []
     print(" | ".join(header))
     for row in rows:

@@ -12,7 +12,25 @@ def _opt(default, help_text: str, **meta):
 
 
 @dataclass(slots=True)
-class SchedulerServiceConfig:
+class HttpLimits:
+    """What one HTTP client may hold of the server: the scheduler's and the front-end's."""
+
+    max_request_bytes: int = _opt(
+        4 * 1024 * 1024,
+        "largest HTTP request body accepted; a larger one gets 413 before it is read (0 = no cap)",
+    )
+    http_header_timeout: float = _opt(
+        10.0, "seconds an HTTP connection has to send a complete request head (0 = no limit)"
+    )
+    http_max_connections: int = _opt(
+        1000,
+        "most HTTP connections open at once (idle ones too); one more gets 503 and is closed. "
+        "Keep it under the open-file limit (ulimit -n); 0 = no cap",
+    )
+
+
+@dataclass(slots=True)
+class SchedulerServiceConfig(HttpLimits):
     host: str = _opt("0.0.0.0", "address to listen on")
     port: int = _opt(50051, "client gRPC port (Generation API)")
     worker_port: int = _opt(50052, "port workers dial (WorkerLink)")
@@ -102,18 +120,6 @@ class SchedulerServiceConfig:
         "credentials DIR` makes a cluster's): mutual TLS on the worker-link port, where only "
         "workers' and front-ends' certificates get in, and to etcd. Required unless --host is "
         "loopback; `splitserve up` passes its own",
-    )
-    max_request_bytes: int = _opt(
-        4 * 1024 * 1024,
-        "largest HTTP request body accepted; a larger one gets 413 before it is read (0 = no cap)",
-    )
-    http_header_timeout: float = _opt(
-        10.0, "seconds an HTTP connection has to send a complete request head (0 = no limit)"
-    )
-    http_max_connections: int = _opt(
-        1000,
-        "most HTTP connections open at once (idle ones too); one more gets 503 and is closed. "
-        "Keep it under the open-file limit (ulimit -n); 0 = no cap",
     )
     event_loop: str = _opt(
         "auto", "asyncio loop: auto (uvloop when installed), uvloop, asyncio", choices=EVENT_LOOPS

@@ -29,6 +29,7 @@ from frontend_svc.link_tls import LinkTls
 from frontend_svc.scheduler_link import FrontendIdentity, SchedulerLink
 from scheduler_svc.auth import ApiKeyInterceptor
 from scheduler_svc.cluster_view import status_to_json
+from scheduler_svc.config import HttpLimits
 from scheduler_svc.core import FinishReason, RequestRejected
 from scheduler_svc.generation_service import GenerationService
 from scheduler_svc.http import HttpContext, HttpServer, create_app
@@ -43,7 +44,7 @@ def _opt(default, help_text: str):
 
 
 @dataclass(slots=True)
-class FrontendConfig:
+class FrontendConfig(HttpLimits):
     host: str = _opt("0.0.0.0", "address to listen on")
     port: int = _opt(50051, "client gRPC port (Generation API; shared by front-ends on a host)")
     http_port: int = _opt(8000, "HTTP port (OpenAI API, /cluster; shared on a host); 0 = off")
@@ -72,18 +73,6 @@ class FrontendConfig:
         "to etcd. Required unless the scheduler is on loopback",
     )
     max_message_bytes: int = _opt(4 * 1024 * 1024, "largest client gRPC message accepted")
-    max_request_bytes: int = _opt(
-        4 * 1024 * 1024,
-        "largest HTTP request body accepted; a larger one gets 413 before it is read (0 = no cap)",
-    )
-    http_header_timeout: float = _opt(
-        10.0, "seconds an HTTP connection has to send a complete request head (0 = no limit)"
-    )
-    http_max_connections: int = _opt(
-        1000,
-        "most HTTP connections open at once (idle ones too); one more gets 503 and is closed. "
-        "Keep it under the open-file limit (ulimit -n); 0 = no cap",
-    )
     event_loop: str = _opt("auto", "asyncio loop: auto, uvloop, asyncio")
     log_level: str = _opt("info", "log level")
     log_json: bool = _opt(True, "JSON log lines")

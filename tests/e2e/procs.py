@@ -127,3 +127,14 @@ def wait_for_port(port: int, proc: Proc, timeout: float = 60.0) -> None:
                 return
         time.sleep(0.1)
     raise TimeoutError(f"{proc.name} did not listen on {port}:\n{proc.log()}")
+
+
+def interrupt(popen: subprocess.Popen, timeout: float = 90.0) -> None:
+    """Stop a process as Ctrl-C does (`splitserve up` then stops its children in order); kill
+    it if it has not exited within `timeout`."""
+    popen.send_signal(signal.SIGINT)
+    try:
+        popen.wait(timeout)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait()

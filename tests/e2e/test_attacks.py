@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -26,7 +25,7 @@ import pytest
 from common.client import SplitserveClient
 from common.credentials import create_cluster
 from tests.e2e import attackers
-from tests.e2e.procs import ROOT, free_port
+from tests.e2e.procs import ROOT, free_port, interrupt
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -174,12 +173,7 @@ def system(request, tmp_path_factory):
         print(sut.log()[-20000:])
         raise
     finally:
-        popen.send_signal(signal.SIGINT)
-        try:
-            popen.wait(90)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait()
+        interrupt(popen)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 
 from common.client import SplitserveClient
 from tests.e2e.ha_cluster import cluster_body, ha_up_argv, wait_ha_ready
-from tests.e2e.procs import ROOT, free_port
+from tests.e2e.procs import ROOT, free_port, interrupt
 
 pytestmark = [pytest.mark.e2e]
 
@@ -129,12 +129,7 @@ def ha(tmp_path_factory):
         print(log_path.read_text()[-20000:])
         raise
     finally:
-        popen.send_signal(signal.SIGINT)
-        try:
-            popen.wait(90)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait()
+        interrupt(popen)
 
 
 @pytest.fixture(scope="module")
