@@ -187,3 +187,24 @@ def test_missing_files_are_named(tmp_path):
     (tmp_path / "ca.crt").write_text("")
     with pytest.raises(CredentialsError, match="tls.crt"):
         Credentials.load(tmp_path)
+
+
+def test_a_worker_or_front_end_without_credentials_reaches_loopback_only(cluster_credentials):
+    from splitserve.frontend import FrontendConfig
+    from splitserve.frontend import load_credentials as frontend_credentials
+    from worker_svc.link import WorkerLinkConfig
+    from worker_svc.main import load_credentials as worker_credentials
+
+    for far in ("10.0.0.7:50052", "scheduler-a:50052"):
+        for cfg in (WorkerLinkConfig(scheduler=far), WorkerLinkConfig(etcd=far)):
+            with pytest.raises(SystemExit, match="--credentials"):
+                worker_credentials(cfg)
+        for cfg in (FrontendConfig(scheduler=far), FrontendConfig(etcd=far)):
+            with pytest.raises(SystemExit, match="--credentials"):
+                frontend_credentials(cfg)
+    assert worker_credentials(WorkerLinkConfig(scheduler="127.0.0.1:50052")) is None
+    assert frontend_credentials(FrontendConfig(etcd="localhost:2379")) is None
+    worker = WorkerLinkConfig(
+        scheduler="10.0.0.7:50052", credentials=str(cluster_credentials / "worker")
+    )
+    assert worker_credentials(worker).role == "worker"
