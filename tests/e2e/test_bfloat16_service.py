@@ -104,4 +104,4 @@ def test_concurrent_requests_give_the_in_process_tokens(bf16_client, in_process)
         assert result.token_ids == in_process[prompt], prompt
     assert_no_block_leak(bf16_client)
     worker_log = next(p for p in cluster.procs if p.name == "w0").log()
-    assert '"forward": "decoder-loop+decode-stack"' in worker_log
+    assert '"forward": "model+decode-stack"' in worker_log

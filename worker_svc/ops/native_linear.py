@@ -133,8 +133,9 @@ def linear_kind(dtype: torch.dtype, quantization_method: str = "none") -> str:
 
 
 def make_linear(kind: str, weight: torch.Tensor, bias: torch.Tensor | None):
-    """A linear of `kind` over [out, in] `weight`; the AMX kind takes only whole tiles (32 | in,
-    32 | out) where AMX is usable and leaves other shapes to oneDNN's packing or torch."""
+    """A linear of `kind` over [out, in] `weight`; the AMX kind takes only bfloat16 weights of
+    whole tiles (32 | in, 32 | out) where AMX is usable and leaves others to oneDNN's packing
+    or torch."""
     weight = weight.detach().contiguous()
     if kind == "int8-packed":
         return Int8PackedLinear(weight, bias, packed_gemm.load())
@@ -143,7 +144,8 @@ def make_linear(kind: str, weight: torch.Tensor, bias: torch.Tensor | None):
     if kind == "transposed":
         return TransposedLinear(weight, bias)
     amx = amx_gemm.load() if kind == "amx-packed" else None
-    if amx is not None and amx_gemm.AmxGemm.supports(*reversed(weight.shape)):
+    amx_shape = amx_gemm.AmxGemm.supports(*reversed(weight.shape))
+    if amx is not None and weight.dtype == torch.bfloat16 and amx_shape:
         return AmxLinear(weight, bias, amx)
     if kind in ("amx-packed", "onednn-packed") and onednn_packing_available(weight.dtype):
         return OneDnnPackedLinear(weight, bias)
