@@ -11,6 +11,7 @@ requests), then the front-ends, the schedulers and etcd stop.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -98,10 +99,15 @@ def describe_exit(code: int) -> dict:
 
 def spawn_process(argv: list[str], env: dict[str, str], nice: int = 0) -> subprocess.Popen:
     # a process group of its own: the terminal's Ctrl-C reaches only `up`, which then stops
-    # the children in order (workers drain before the scheduler goes)
-    return subprocess.Popen(
-        argv, env=env, process_group=0, preexec_fn=(lambda: os.nice(nice)) if nice else None
-    )
+    # the children in order (workers drain before the scheduler goes). The niceness is set from
+    # here, not by a preexec_fn: Python code between fork and exec runs gRPC's fork handlers,
+    # which abort the child while another thread of `up` (the demo's client) is in gRPC
+    popen = subprocess.Popen(argv, env=env, process_group=0)
+    if nice:
+        with contextlib.suppress(OSError):  # gone already: its exit is seen as any other
+            own = os.getpriority(os.PRIO_PROCESS, 0)
+            os.setpriority(os.PRIO_PROCESS, popen.pid, own + nice)
+    return popen
 
 
 class Supervisor:

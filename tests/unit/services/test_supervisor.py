@@ -156,3 +156,13 @@ def test_a_worker_that_outlasts_the_stop_timeout_is_killed(spawns, tmp_path):
     thread.join(20)
     assert result == [1]
     assert all(p.poll() is not None for _, _, p in spawns.started)
+
+
+def test_a_worker_runs_nicer_than_up_and_its_own_process_group():
+    popen = spawn_process(["sleep", "30"], dict(os.environ), nice=5)
+    try:
+        assert os.getpriority(os.PRIO_PROCESS, popen.pid) == os.getpriority(os.PRIO_PROCESS, 0) + 5
+        assert os.getpgid(popen.pid) == popen.pid  # Ctrl-C on the terminal reaches only `up`
+    finally:
+        popen.kill()
+        popen.wait()
