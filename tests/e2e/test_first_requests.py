@@ -7,7 +7,6 @@ started by hand once the control plane is up."""
 from __future__ import annotations
 
 import contextlib
-import signal
 import socket
 import subprocess
 import threading
@@ -20,7 +19,7 @@ import pytest
 from common.client import SplitserveClient
 from common.model_source import read_vocab_size, resolve_model
 from tests.e2e.ha_cluster import cluster_body, ha_up_argv, worker_argv
-from tests.e2e.procs import ROOT, free_port
+from tests.e2e.procs import ROOT, free_port, interrupt
 from worker_svc.sim_runner import sim_next_token
 
 pytestmark = [pytest.mark.e2e]
@@ -46,12 +45,7 @@ def stop(popen: subprocess.Popen) -> None:
     with contextlib.suppress(psutil.Error):
         children = psutil.Process(popen.pid).children()
     if popen.poll() is None:
-        popen.send_signal(signal.SIGINT)
-        try:
-            popen.wait(30)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait()
+        interrupt(popen, 30)
     for child in children:
         with contextlib.suppress(psutil.Error):
             child.kill()

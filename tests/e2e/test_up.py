@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from common.client import FINISH_NAMES, SplitserveClient
-from tests.e2e.procs import ROOT, free_port
+from tests.e2e.procs import ROOT, free_port, interrupt
 from worker_svc.sim_runner import sim_next_token
 
 pytestmark = [pytest.mark.e2e]
@@ -88,12 +88,7 @@ def splitserve_up(tmp_path: Path, *flags: str):
     finally:
         seen.update((c.pid, c) for c in up.children())
         if popen.poll() is None:
-            popen.send_signal(signal.SIGINT)
-            try:
-                popen.wait(30)
-            except subprocess.TimeoutExpired:
-                popen.kill()
-                popen.wait()
+            interrupt(popen, 30)
         for child in seen.values():  # its own process group: not stopped with a killed `up`
             with contextlib.suppress(psutil.Error):
                 child.kill()
