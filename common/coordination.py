@@ -90,12 +90,11 @@ class Coordinator:
         lease_ttl: float = 2.0,
         credentials: Credentials | None = None,
     ) -> None:
-        host, _, port = endpoint.rpartition(":")
         self.endpoint = endpoint
         self.lease_ttl = lease_ttl
         self.credentials = credentials
-        self.client = EtcdClient(
-            host.strip("[]"), int(port), credentials, timeout=lease_ttl, options=_CHANNEL_OPTIONS
+        self.client = EtcdClient.at(
+            endpoint, credentials, timeout=lease_ttl, options=_CHANNEL_OPTIONS
         )
         self._root = f"/{cluster}"
         self._leader_key = f"{self._root}/leader".encode()

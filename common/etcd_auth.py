@@ -128,8 +128,7 @@ async def bootstrap(
 ) -> list[str]:
     """ensure_auth against `endpoint` with the root role's certificate, retrying while etcd
     does not answer (starting, electing a leader) for up to `timeout` seconds."""
-    host, _, port = endpoint.rpartition(":")
-    client = EtcdClient(host.strip("[]"), int(port), root, timeout=5.0)
+    client = EtcdClient.at(endpoint, root, timeout=5.0)
     deadline = time.monotonic() + timeout
     try:
         while True:

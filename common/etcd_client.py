@@ -35,6 +35,12 @@ class EtcdClient(aetcd.Client):
         super().__init__(host, port, timeout=timeout, options=dict(options or {}))
         self.credentials = credentials  # None: plaintext (Coordinator allows it on loopback)
 
+    @classmethod
+    def at(cls, endpoint: str, credentials: Credentials | None = None, **kwargs) -> EtcdClient:
+        """A client of the etcd at HOST:PORT (IPv6 in brackets allowed)."""
+        host, _, port = endpoint.rpartition(":")
+        return cls(host.strip("[]"), int(port), credentials, **kwargs)
+
     def open_channel(self) -> grpc.aio.Channel:
         target = f"{self._host}:{self._port}"
         options = list(self._options.items())

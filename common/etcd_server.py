@@ -32,7 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from common.credentials import ETCD_NAME, Credentials, CredentialsError
+from common.credentials import (
+    CA_FILE,
+    CERT_FILE,
+    ETCD_NAME,
+    KEY_FILE,
+    Credentials,
+    CredentialsError,
+)
 from common.link_auth import require_credentials_beyond_loopback
 from common.logging import configure_logging, get_logger
 
@@ -219,9 +226,9 @@ class EtcdServer:
             return []
         directory = self.credentials.directory
         files = {
-            "trusted-ca-file": directory / "ca.crt",
-            "cert-file": directory / "tls.crt",
-            "key-file": directory / "tls.key",
+            "trusted-ca-file": directory / CA_FILE,
+            "cert-file": directory / CERT_FILE,
+            "key-file": directory / KEY_FILE,
         }
         return [
             "--client-cert-auth",  # no certificate of the cluster's CA, no connection

@@ -42,22 +42,50 @@ def target_host(target: str) -> str:
     return host if sep else target
 
 
+class PlaintextRefused(ConnectionError):
+    """A scheduler beyond loopback, and no credentials to reach it with."""
+
+
 def require_credentials_beyond_loopback(
-    credentials: Credentials | None, what: str, host: str, flag: str = "--credentials"
+    credentials: Credentials | None, what: str, host: str
 ) -> None:
-    """Refuse, with a sentence naming the flags, an internal link beyond loopback in clear."""
+    """Refuse, with a sentence naming the flag, an internal link beyond loopback in clear."""
     if credentials is None and not is_loopback(host):
         raise SystemExit(
             f"refusing to {what} {host!r} without credentials: internal links beyond loopback "
-            f"are mutual TLS. Pass {flag} DIR (this role's directory of `splitserve credentials "
-            "DIR`; `splitserve up` makes them itself), or keep the link on 127.0.0.1"
+            "are mutual TLS. Pass --credentials DIR (this role's directory of `splitserve "
+            "credentials DIR`; `splitserve up` makes them itself), or keep the link on 127.0.0.1"
         )
 
 
-def channel_options(credentials: Credentials | None) -> list[tuple[str, str]]:
-    """Workers and front-ends accept only the certificate that names the scheduler, whatever
-    address etcd or a flag gave them."""
-    return [("grpc.ssl_target_name_override", SCHEDULER_NAME)] if credentials else []
+def role_credentials(role: str, directory: str, links: dict[str, str]) -> Credentials | None:
+    """`role`'s credentials from `directory` (CredentialsError when they are not that role's);
+    with no directory, None once every link of `links` ({what it does: host}) stays on
+    loopback (SystemExit naming --credentials otherwise)."""
+    if directory:
+        return Credentials.load(directory, role)
+    for what, host in links.items():
+        require_credentials_beyond_loopback(None, what, host)
+    return None
+
+
+def scheduler_channel(
+    address: str, credentials: Credentials | None, options: list | None = None, aio: bool = False
+):
+    """A channel to a scheduler's internal port, as a worker or front-end dials it: mutual TLS
+    that accepts only the certificate naming the scheduler, whatever address etcd or a flag
+    gave; without credentials, plaintext to loopback only (PlaintextRefused beyond it)."""
+    module = grpc.aio if aio else grpc
+    options = list(options or [])
+    if credentials is not None:
+        options.append(("grpc.ssl_target_name_override", SCHEDULER_NAME))
+        return module.secure_channel(address, credentials.channel_credentials(), options=options)
+    if not is_loopback(target_host(address)):
+        raise PlaintextRefused(
+            f"the scheduler at {address} is beyond loopback and this process has no "
+            "--credentials: requests would travel in clear"
+        )
+    return module.insecure_channel(address, options=options)
 
 
 def peer_role(context: grpc.aio.ServicerContext) -> str | None:

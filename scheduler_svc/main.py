@@ -12,7 +12,7 @@ from grpc_reflection.v1alpha import reflection
 from common import event_loop
 from common.credentials import Credentials, CredentialsError
 from common.gc_tuning import tune_gc_for_serving
-from common.link_auth import RoleInterceptor, require_credentials_beyond_loopback, target_host
+from common.link_auth import RoleInterceptor, role_credentials, target_host
 from common.logging import configure_logging, get_logger
 from common.model_source import read_vocab_size, resolve_model
 from common.pb import (
@@ -66,15 +66,11 @@ def check_config(cfg: SchedulerServiceConfig) -> None:
 
 def load_credentials(cfg: SchedulerServiceConfig) -> Credentials | None:
     """This scheduler's credentials; without them, every port must stay on loopback."""
-    if not cfg.credentials:
-        require_credentials_beyond_loopback(None, "serve the worker-link port on", cfg.host)
-        if cfg.etcd:
-            require_credentials_beyond_loopback(
-                None, "lead through the etcd at", target_host(cfg.etcd)
-            )
-        return None
+    links = {"serve the worker-link port on": cfg.host}
+    if cfg.etcd:
+        links["lead through the etcd at"] = target_host(cfg.etcd)
     try:
-        return Credentials.load(cfg.credentials, "scheduler")
+        return role_credentials("scheduler", cfg.credentials, links)
     except CredentialsError as exc:
         raise SystemExit(f"--credentials: {exc}") from exc
 

@@ -17,7 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common import event_loop
 from common.credentials import Credentials, CredentialsError
-from common.link_auth import require_credentials_beyond_loopback, target_host
+from common.link_auth import role_credentials, target_host
 from common.logging import configure_logging, get_logger
 from common.model_source import resolve_model
 from common.pb import generation_pb2
@@ -80,14 +80,11 @@ class FrontendConfig(HttpLimits):
 
 def load_credentials(cfg: FrontendConfig) -> Credentials | None:
     """The front-end's credentials; without them it reaches a leader on loopback only."""
-    if cfg.credentials:
-        try:
-            return Credentials.load(cfg.credentials, "frontend")
-        except CredentialsError as exc:
-            raise SystemExit(f"--credentials: {exc}") from exc
-    upstream = cfg.etcd or cfg.scheduler
-    require_credentials_beyond_loopback(None, "reach the scheduler through", target_host(upstream))
-    return None
+    links = {"reach the scheduler through": target_host(cfg.etcd or cfg.scheduler)}
+    try:
+        return role_credentials("frontend", cfg.credentials, links)
+    except CredentialsError as exc:
+        raise SystemExit(f"--credentials: {exc}") from exc
 
 
 class FrontendServer:

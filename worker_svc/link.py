@@ -21,7 +21,7 @@ import grpc
 from common.convert import decode_step, encode_step_result
 from common.credentials import Credentials
 from common.gc_tuning import tune_gc_for_serving
-from common.link_auth import channel_options, is_loopback, target_host
+from common.link_auth import PlaintextRefused, scheduler_channel
 from common.logging import get_logger
 from common.pb import worker_link_pb2 as pb
 from common.pb import worker_link_pb2_grpc as pb_grpc
@@ -220,6 +220,18 @@ class WorkerLinkClient:
 
     def _run_session(self) -> bool:
         """One connection. Returns whether it got as far as being registered."""
+        options = [
+            ("grpc.max_receive_message_length", self.cfg.max_message_bytes),
+            ("grpc.max_send_message_length", self.cfg.max_message_bytes),
+            ("grpc.keepalive_time_ms", 10_000),
+        ]
+        cfg = self.cfg
+        address = cfg.scheduler
+        try:
+            channel = scheduler_channel(address, self.credentials, options)
+        except PlaintextRefused as exc:  # a leader named in etcd beyond loopback
+            log.error("refused_plaintext_link", scheduler=address, message=str(exc))
+            return False
         # SimpleQueue: its put is reentrant, so drain() may put from the SIGTERM handler even
         # when the signal lands while this thread is inside a put (queue.Queue deadlocks then)
         outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -241,29 +253,7 @@ class WorkerLinkClient:
             while not done.wait(self.cfg.heartbeat_interval):
                 outbox.put(pb.WorkerMessage(heartbeat=pb.Heartbeat(time=time.time())))
 
-        options = [
-            ("grpc.max_receive_message_length", self.cfg.max_message_bytes),
-            ("grpc.max_send_message_length", self.cfg.max_message_bytes),
-            ("grpc.keepalive_time_ms", 10_000),
-        ]
         attached = False
-        cfg = self.cfg
-        address = cfg.scheduler
-        if self.credentials is not None:
-            channel = grpc.secure_channel(
-                address,
-                self.credentials.channel_credentials(),
-                options=options + channel_options(self.credentials),
-            )
-        elif is_loopback(target_host(address)):
-            channel = grpc.insecure_channel(address, options=options)
-        else:  # a leader named in etcd beyond loopback: prompts must not travel in clear
-            log.error(
-                "refused_plaintext_link",
-                scheduler=address,
-                message="the scheduler is beyond loopback and this worker has no --credentials",
-            )
-            return False
         with channel:
             stub = pb_grpc.WorkerLinkStub(channel)
             self._call = call = stub.Connect(requests())

@@ -7,7 +7,7 @@ import signal
 import socket
 
 from common.credentials import Credentials, CredentialsError
-from common.link_auth import require_credentials_beyond_loopback, target_host
+from common.link_auth import role_credentials, target_host
 from common.logging import configure_logging, get_logger
 from worker_svc.link import WorkerLinkClient, WorkerLinkConfig
 from worker_svc.sim_runner import SimConfig, SimRunner
@@ -19,14 +19,11 @@ OMP_SPIN_COUNT = 300_000  # iterations an idle OpenMP thread spins before sleepi
 
 def load_credentials(link_cfg: WorkerLinkConfig) -> Credentials | None:
     """The worker's credentials; without them it dials a scheduler on loopback only."""
-    if link_cfg.credentials:
-        return Credentials.load(link_cfg.credentials, "worker")
     if link_cfg.etcd:
-        require_credentials_beyond_loopback(None, "follow the etcd at", target_host(link_cfg.etcd))
+        links = {"follow the etcd at": target_host(link_cfg.etcd)}
     else:
-        host = target_host(link_cfg.scheduler)
-        require_credentials_beyond_loopback(None, "dial the scheduler at", host)
-    return None
+        links = {"dial the scheduler at": target_host(link_cfg.scheduler)}
+    return role_credentials("worker", link_cfg.credentials, links)
 
 
 def main(link_cfg: WorkerLinkConfig, runner_cfg, sim_cfg: SimConfig | None = None) -> int:
