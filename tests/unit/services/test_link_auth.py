@@ -16,13 +16,12 @@ import pytest
 
 from common.credentials import (
     ROLES,
-    SCHEDULER_NAME,
     Credentials,
     CredentialsError,
     certificate_role,
     create_cluster,
 )
-from common.link_auth import is_loopback
+from common.link_auth import is_loopback, scheduler_channel
 from common.pb import frontend_link_pb2 as fpb
 from common.pb import frontend_link_pb2_grpc, worker_link_pb2_grpc
 from common.pb import worker_link_pb2 as wpb
@@ -56,11 +55,8 @@ def scheduler_config(cluster_credentials, client_api: bool = False) -> Scheduler
 
 
 def channel(port: int, credentials: Credentials | None) -> grpc.aio.Channel:
-    target = f"127.0.0.1:{port}"
-    if credentials is None:
-        return grpc.aio.insecure_channel(target)
-    options = [("grpc.ssl_target_name_override", SCHEDULER_NAME)]
-    return grpc.aio.secure_channel(target, credentials.channel_credentials(), options=options)
+    """As a worker or front-end dials (plaintext to loopback without credentials)."""
+    return scheduler_channel(f"127.0.0.1:{port}", credentials, aio=True)
 
 
 def register_message(model: str) -> wpb.WorkerMessage:
