@@ -162,13 +162,22 @@ def _private_dir(path: Path) -> None:
     path.chmod(0o700)
 
 
+def write_private(path: Path, data: bytes) -> None:
+    """`data` into `path`, mode 0600 from its first byte, swapped in whole: a reader sees the
+    old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.new")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    tmp.chmod(0o600)  # a leftover of a crash keeps its old mode through O_CREAT
+    os.replace(tmp, path)
+
+
 def _publish(directory: Path, files: dict[str, bytes]) -> None:
     """Write the files into a fresh directory beside `directory`, then swap it in."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
     for name, data in files.items():
-        fd = os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        write_private(tmp / name, data)
     tmp.chmod(0o700)
     if directory.exists():  # an expiring set: the old one goes
         old = directory.with_name(f".{directory.name}-old-{os.getpid()}")

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common.credentials import ROLES, create_cluster
+from common.credentials import ROLES, create_cluster, write_private
 
 DEFAULT_DIR = "/etc/splitserve/cluster"
 NAMES = ("ca", *ROLES)
@@ -48,19 +48,9 @@ def fill(target: Path) -> list[str]:
                 dest = volume / made.name
                 if dest.is_file() and filecmp.cmp(made, dest, shallow=False):
                     continue
-                _write_private(dest, made.read_bytes())
+                write_private(dest, made.read_bytes())
                 written.append(f"{name}/{made.name}")
     return written
-
-
-def _write_private(dest: Path, data: bytes) -> None:
-    """Writes data beside dest, mode 0600, then renames it over dest (a service that starts
-    meanwhile reads the old file or the new one, never half of one)."""
-    tmp = dest.with_name(f".{dest.name}.new")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, dest)
 
 
 def main(argv: list[str] | None = None) -> int:

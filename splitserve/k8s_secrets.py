@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from common.credentials import CA_FILE, CERT_FILE, KEY_FILE, ROLES, role_name
+from common.credentials import CA_FILE, CERT_FILE, KEY_FILE, ROLES, role_name, write_private
 
 NAMESPACE = "splitserve"
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -54,8 +54,5 @@ def write_secrets(
 ) -> Path:
     """Writes secrets_yaml() to `path`, mode 0600 (it holds every role's private key)."""
     target = Path(path)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets_yaml(cluster, namespace))
-    target.chmod(0o600)  # a file that was there keeps its mode through O_CREAT
+    write_private(target, secrets_yaml(cluster, namespace).encode())
     return target
