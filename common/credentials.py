@@ -25,8 +25,8 @@ from pathlib import Path
 
 ROLES = ("scheduler", "worker", "frontend", "etcd", "root")
 PREFIX = "splitserve-"
-SCHEDULER_NAME = "splitserve-scheduler"  # the name workers and front-ends verify
-ETCD_NAME = "splitserve-etcd"  # the name etcd's clients verify
+SCHEDULER_NAME = PREFIX + "scheduler"  # the name workers and front-ends verify
+ETCD_NAME = PREFIX + "etcd"  # the name etcd's clients verify
 CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"
 CA_DAYS = 3650
 LEAF_DAYS = 825

@@ -34,6 +34,8 @@ def child_specs(
     every internal link); secrets are not on these command lines. With front-ends apart, they
     own the public ports (--port, --http-port, shared through SO_REUSEPORT) and each scheduler
     gets its own: its HTTP port still serves /metrics and the dashboard."""
+    from scheduler_svc.config import HttpLimits
+
     cli = [sys.executable, "-m", "splitserve.cli"]
 
     def role(name: str) -> list[str]:
@@ -103,12 +105,7 @@ def child_specs(
             f"frontend-{i}",
             "--max-model-len",
             str(cfg.max_model_len),
-            "--max-request-bytes",
-            str(cfg.max_request_bytes),
-            "--http-header-timeout",
-            str(cfg.http_header_timeout),
-            "--http-max-connections",
-            str(cfg.http_max_connections),
+            *to_argv(cfg, HttpLimits),
             "--log-level",
             cfg.log_level,
             "--log-json" if cfg.log_json else "--no-log-json",
@@ -166,8 +163,7 @@ def run_up(args: argparse.Namespace) -> int:
     configure_logging(cfg.log_level, cfg.log_json)
     # secrets travel in the children's environment, not on their command lines (ps shows those)
     env = dict(os.environ, SPLITSERVE_API_KEY=cfg.api_key)
-    for name in ("SPLITSERVE_CREDENTIALS", "SPLITSERVE_WORKER_SECRET"):  # children get theirs
-        env.pop(name, None)
+    env.pop("SPLITSERVE_CREDENTIALS", None)  # each child gets its role's on its command line
     state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
     credentials = create_cluster(state_dir / "credentials")
     # said at every log level: the one place a user learns where the cluster's keys are
