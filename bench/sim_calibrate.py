@@ -1,4 +1,4 @@
-"""Calibrate the simulator's step-time model (scheduler_svc/sim/costmodel.py) on the real runner.
+"""Calibrate the simulator's step-time model (splitserve/sim/costmodel.py) on the real runner.
 
 Times the worker's ModelRunner (the same runner bench/worker_forward.py measures) on step shapes
 that span what the scheduler sends: decode batches at several contexts, prefill chunks with and
@@ -8,7 +8,7 @@ without context before them, and a mix; fits
 
 (attention_pairs: sum over scheduled tokens of the context each attends to) by least squares,
 times host <-> device block copies for the swap terms, and writes the profile, with this command
-line, into scheduler_svc/sim/calibration.json.
+line, into splitserve/sim/calibration.json.
 
     .venv/bin/python bench/sim_calibrate.py --threads 2 --profile smollm2-cpu-fp32
 """
@@ -39,7 +39,7 @@ from worker_svc.config import ModelRunnerConfig  # noqa: E402
 from worker_svc.model_runner import ModelRunner  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 20, ignore_eos=True)
-DEFAULT_OUT = ROOT / "scheduler_svc" / "sim" / "calibration.json"
+DEFAULT_OUT = ROOT / "splitserve" / "sim" / "calibration.json"
 
 
 def shapes(quick: bool) -> list[list[tuple[int, int]]]:

@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from peers_lib.servers import Process, free_port, wait_until  # noqa: E402
 
-from bench.serve import BenchRequest, GrpcBackend  # noqa: E402
 from common import event_loop  # noqa: E402
+from splitserve.loadgen import BenchRequest, GrpcBackend  # noqa: E402
 
 DEFAULT_SPEC = '{"method": "ngram"}'
 console = Console(stderr=True)

@@ -45,7 +45,6 @@ COPY scheduler_svc /src/scheduler_svc
 COPY worker_svc /src/worker_svc
 COPY frontend_svc /src/frontend_svc
 COPY splitserve /src/splitserve
-COPY bench/serve /src/bench/serve
 RUN test -f /src/README.md || echo "# splitserve" > /src/README.md \
  && /opt/venv/bin/python -m pip wheel --no-deps --no-build-isolation --no-index -w /dist /src
 

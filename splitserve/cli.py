@@ -96,7 +96,7 @@ def _up_parser(sub) -> None:
 
 
 def _bench_parser(sub) -> None:
-    from bench.serve import add_arguments
+    from splitserve.loadgen import add_arguments
 
     p = sub.add_parser("bench", help="benchmarks against a running server")
     bench = p.add_subparsers(dest="bench_command", required=True)
@@ -107,7 +107,7 @@ def _bench_parser(sub) -> None:
 
 
 def _sim_parser(sub) -> None:
-    from scheduler_svc.sim.cli import add_arguments
+    from splitserve.sim.cli import add_arguments
 
     p = sub.add_parser("sim", help="the scheduler core against cost-model workers, simulated time")
     add_arguments(p)
@@ -280,11 +280,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "credentials":
         return run_credentials(args)
     if args.command == "bench":
-        from bench.serve import run as bench_serve
+        from splitserve.loadgen import run as bench_serve
 
         return bench_serve(args)
     if args.command == "sim":
-        from scheduler_svc.sim.cli import run as run_sim
+        from splitserve.sim.cli import run as run_sim
 
         return run_sim(args)
     parser.error(f"unknown command {args.command}")

@@ -13,8 +13,8 @@ import time
 import torch
 from tqdm import tqdm
 
-from bench.serve import RequestResult
 from peers_lib.workload import Workload
+from splitserve.loadgen import RequestResult
 
 
 def _stamp(r: RequestResult, arrival: float, times: list[float], t0: float) -> None:

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bench.serve import RequestResult, stats_ms
+from splitserve.loadgen import RequestResult, stats_ms
 
 PCTS = [50.0, 90.0, 99.0]
 

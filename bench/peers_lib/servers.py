@@ -18,16 +18,17 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from bench.serve import GrpcBackend, RequestResult, _Timer
 from common import event_loop
 from peers_lib.workload import Workload
+from splitserve.loadgen import GrpcBackend, RequestResult
+from splitserve.loadgen.results import _Timer
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 async def drive(backend, wl: Workload, offsets: list[float], desc: str):
     """Send request i at offsets[i] seconds; returns (results, seconds to the last completion)."""
-    from bench.serve import BenchRequest
+    from splitserve.loadgen import BenchRequest
 
     bar = tqdm(total=wl.num_requests * wl.max_tokens, desc=desc, unit="tok", leave=False)
     t0 = time.perf_counter()
@@ -45,7 +46,7 @@ async def drive(backend, wl: Workload, offsets: list[float], desc: str):
 
 
 async def warm_up(backend, prompt: list[int]) -> None:
-    from bench.serve import BenchRequest
+    from splitserve.loadgen import BenchRequest
 
     res = await backend.send(BenchRequest(prompt, 4), time.perf_counter())
     if not res.ok:

@@ -41,7 +41,7 @@ def synthetic(
 ) -> Workload:
     """Long-tailed prompts: lognormal lengths with this mean, clipped to [lo, hi]; token ids drawn
     from the SmolLM2 vocabulary without special tokens (bench serve's pool), seeded."""
-    from bench.serve import sample_lengths, token_pool
+    from splitserve.loadgen import sample_lengths, token_pool
 
     rng = random.Random(seed)
     lens = [max(lo, x) for x in sample_lengths(rng, n, mean, "lognormal", 0.0, sigma, hi)]

@@ -8,7 +8,8 @@ import statistics
 import pytest
 
 from scheduler_svc.core import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput
-from scheduler_svc.sim import (
+from splitserve.cli import main as cli_main
+from splitserve.sim import (
     SimSettings,
     StepCostModel,
     TraceConfig,
@@ -17,7 +18,6 @@ from scheduler_svc.sim import (
     simulate,
     summarize,
 )
-from splitserve.cli import main as cli_main
 
 COST = StepCostModel(
     base_s=0.01,

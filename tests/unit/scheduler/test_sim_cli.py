@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_svc.sim import SimSettings, TraceRequest
-from scheduler_svc.sim import cli as sim_cli
-from scheduler_svc.sim.costmodel import CALIBRATION_FILE
-from scheduler_svc.sim.scenarios import SCENARIOS, ScenarioConfig, flag_name, resolve
 from splitserve.cli import main as cli_main
+from splitserve.sim import SimSettings, TraceRequest
+from splitserve.sim import cli as sim_cli
+from splitserve.sim.costmodel import CALIBRATION_FILE
+from splitserve.sim.scenarios import SCENARIOS, ScenarioConfig, flag_name, resolve
 
 SMALL = ["--num-requests", "8"]  # short traces: every run takes well under a second
 # the flag matrix's arrivals: a fixed rate spares each run the scenario's capacity measurement

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.sim import StepCostModel, simulate, summarize
-from scheduler_svc.sim.scenarios import build_runs
+from splitserve.sim import StepCostModel, simulate, summarize
+from splitserve.sim.scenarios import build_runs
 
 COST = StepCostModel(
     base_s=0.005,

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from bench.serve import (
+from splitserve.loadgen import (
     RequestResult,
     add_arguments,
     format_table,

@@ -6,8 +6,8 @@
     wire types         common/
 
 A service imports its own core and the wire types, never another service; the two cores import
-the wire types only, never each other. bench/serve/ (the `splitserve bench serve` client) is a
-client of the wire types. Neither core reaches gRPC, and the scheduler core no torch, through
+the wire types only, never each other. splitserve/loadgen/ (the `splitserve bench serve` client)
+is a client of the wire types. Neither core reaches gRPC, and the scheduler core no torch, through
 anything it imports. Every import counts, at any depth: module level, inside functions (lazy
 imports) and under TYPE_CHECKING (a type named there is still a dependency).
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 # the folders the graph covers (frontend_svc/: the scheduler-HA front-end, where it exists)
-SOURCES = ("common", "scheduler_svc", "worker_svc", "frontend_svc", "splitserve", "bench/serve")
+SOURCES = ("common", "scheduler_svc", "worker_svc", "frontend_svc", "splitserve")
 
 # module prefix -> component; the longest matching prefix decides
 COMPONENTS = {
@@ -34,7 +34,7 @@ COMPONENTS = {
     "worker_svc.link": "worker service",
     "worker_svc.main": "worker service",
     "frontend_svc": "front-end service",
-    "bench.serve": "benchmark client",
+    "splitserve.loadgen": "benchmark client",
     "splitserve": "composition root",
 }
 # what each component may import besides itself

@@ -20,19 +20,17 @@ from typing import Any
 
 from scheduler_svc.core import available_policies
 from scheduler_svc.core.errors import SchedulerConfigError
-from scheduler_svc.sim.costmodel import CALIBRATION_FILE, StepCostModel
-from scheduler_svc.sim.report import plot_goodput, plot_ttft, print_table, summarize
-from scheduler_svc.sim.scenarios import (
+from splitserve.sim.costmodel import CALIBRATION_FILE, StepCostModel
+from splitserve.sim.report import plot_goodput, plot_ttft, print_table, summarize
+from splitserve.sim.scenario_config import (
     CONFIG_FIELDS,
-    SCENARIOS,
     ScenarioConfig,
     ScenarioFlagError,
-    describe,
-    resolve,
     show_value,
 )
-from scheduler_svc.sim.simulator import simulate
-from scheduler_svc.sim.trace import parse_mix
+from splitserve.sim.scenarios import SCENARIOS, describe, resolve
+from splitserve.sim.simulator import simulate
+from splitserve.sim.trace import parse_mix
 
 _GENERIC = ScenarioConfig()
 
@@ -94,7 +92,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--scenario",
         default="policies",
         choices=sorted(SCENARIOS),
-        help="experiment to run (see scheduler_svc/sim/scenarios.py and below)",
+        help="experiment to run (see splitserve/sim/scenarios.py and below)",
     )
     _setting(p, "--policies", "comma list of policies", type=_policy_list)
     g = p.add_argument_group("trace (a scenario may set its own defaults; a flag given wins)")

@@ -29,9 +29,9 @@ from scheduler_svc.core import (
     create_request_queue,
 )
 from scheduler_svc.core.remaining_work import targets_met
-from scheduler_svc.sim.costmodel import StepCostModel
-from scheduler_svc.sim.trace import TraceRequest
 from scheduler_svc.slo import SloAdmission
+from splitserve.sim.costmodel import StepCostModel
+from splitserve.sim.trace import TraceRequest
 
 TOKEN = 5  # what the simulated model samples
 

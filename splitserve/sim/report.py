@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scheduler_svc.sim.simulator import SimResult
+from splitserve.sim.simulator import SimResult
 
 
 def percentile(values: Sequence[float], q: float) -> float:
