@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import tempfile
 import threading
@@ -183,13 +182,14 @@ def run_up(args: argparse.Namespace) -> int:
         specs,
         lambda argv: spawn_process(argv, env, WORKER_NICE if tuple(argv) in niced else 0),
     )
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, supervisor.request_stop)
-    if args.demo:
-        target = f"127.0.0.1:{cfg.port}"
-        stopped = lambda: supervisor.stopping  # noqa: E731
-        threading.Thread(target=_demo, args=(target, args.demo, stopped), daemon=True).start()
-    return supervisor.run()
+    # caught before the first child starts: the children then start with them at their
+    # default even where `up` was started with SIGINT ignored (a background job of a script)
+    with supervisor.catch_stop_signals():
+        if args.demo:
+            target = f"127.0.0.1:{cfg.port}"
+            stopped = lambda: supervisor.stopping  # noqa: E731
+            threading.Thread(target=_demo, args=(target, args.demo, stopped), daemon=True).start()
+        return supervisor.run()
 
 
 def _demo(target: str, prompt: str, stopped) -> None:

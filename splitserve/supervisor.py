@@ -28,6 +28,7 @@ MAX_BACKOFF_S = 30.0
 POLL_S = 0.1
 HURRY_S = 5.0  # after SIGINT (leave now), seconds before SIGKILL
 SCHEDULER_STOP_S = 15.0  # generous: the scheduler gives its own servers a 2 s grace
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each asks `up` to stop
 
 
 def _opt(default, help_text: str):
@@ -130,10 +131,41 @@ class Supervisor:
     def stopping(self) -> bool:
         return bool(self.stop_requests)
 
+    @contextlib.contextmanager
+    def catch_stop_signals(self):
+        """Within the block, SIGINT (Ctrl-C), SIGTERM and SIGHUP are stop requests; the
+        previous handlers come back after it. Enter it on the main thread (Python runs signal
+        handlers there only) and run the supervisor inside it.
+
+        Catching them is also what lets the children obey the signals that stop them: exec
+        resets a caught signal to its default action but keeps an ignored one ignored, and a
+        process started in the background by a non-interactive shell (`make test &`, a script,
+        some CI runners) starts with SIGINT ignored. Python keeps an inherited SIG_IGN rather
+        than raise KeyboardInterrupt, so children spawned while SIGINT was ignored here would
+        ignore the SIGINT that stops the scheduler and hurries a draining worker, and be
+        killed at the end of the wait instead (`up` exiting 1)."""
+        previous = {sig: signal.signal(sig, self.request_stop) for sig in STOP_SIGNALS}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                # None: a handler not set from Python; the default is the nearest we can do
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
     def run(self) -> int:
         """Start every child, supervise until a stop request or the scheduler's death, stop
         the rest. Returns the exit code: 0 after a stop request that every child obeyed in
         time, 1 when the scheduler died or a child had to be killed."""
+        ignored = [sig.name for sig in STOP_SIGNALS if signal.getsignal(sig) == signal.SIG_IGN]
+        if ignored:  # see catch_stop_signals
+            log.warning(
+                "stop_signals_ignored",
+                signals=ignored,
+                message=(
+                    f"{', '.join(ignored)} ignored here: the children inherit that and will "
+                    "not obey them; run the supervisor inside catch_stop_signals()"
+                ),
+            )
         try:
             for child in self.children:
                 self._start(child)
@@ -147,6 +179,8 @@ class Supervisor:
                             return 1
                         self._worker_exit(child, code, now)
                     elif child.restart_at is not None and now >= child.restart_at:
+                        if self.stopping:  # asked during this round: start nothing more
+                            break
                         self._start(child)
                 time.sleep(POLL_S)
             return self._stop()
@@ -241,7 +275,11 @@ class Supervisor:
         for child in live:
             child.popen.send_signal(sig)
         deadline = time.monotonic() + timeout
-        hurried = sig == signal.SIGINT or len(self.stop_requests) > 1
+        # not hurried yet even when the second request came in before this began (two quick
+        # Ctrl-Cs, or a loop that the load kept from looking between them): the first round
+        # below sends the SIGINT then; counting that case as hurried sent none, and a worker
+        # drained for the whole --stop-timeout
+        hurried = sig == signal.SIGINT
         while any(c.running for c in live):
             now = time.monotonic()
             if not hurried and len(self.stop_requests) > 1:
