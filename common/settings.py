@@ -2,7 +2,9 @@
 
 Each field becomes `--field-name` (underscores to dashes) whose default comes from
 `SPLITSERVE_FIELD_NAME` when set, else the dataclass default. Field metadata may carry
-`help`, `choices` and `flag` (an explicit flag name).
+`help`, `choices`, `flag` (an explicit flag name), `cli` (False: no flag) and `group` (the
+heading `--help` lists the flag under; common/config_groups.py sets it for a whole group). A
+config class may replace a field's help for its role in a `FIELD_HELP` dict (name -> text).
 """
 
 from __future__ import annotations
@@ -49,14 +51,46 @@ def env_name(field: dataclasses.Field) -> str:
     return ENV_PREFIX + field.name.upper()
 
 
+def field_heading(field: dataclasses.Field, default: str) -> str:
+    """The `--help` heading a field's flag is listed under."""
+    return field.metadata.get("group", default)
+
+
+def _declaration_order(cls: type) -> list[dataclasses.Field]:
+    """The fields in the order their classes are named (a config's bases left to right, each
+    group's fields as declared), not dataclasses' (the last base's first)."""
+    by_name = {f.name: f for f in dataclasses.fields(cls)}
+    ordered: dict[str, dataclasses.Field] = {}
+    for klass in cls.__mro__:
+        for name in vars(klass).get("__annotations__", {}):
+            if name in by_name and name not in ordered:
+                ordered[name] = by_name[name]
+    for name, f in by_name.items():
+        ordered.setdefault(name, f)
+    return list(ordered.values())
+
+
+def _argument_group(parser: argparse.ArgumentParser, title: str):
+    for group in parser._action_groups:  # one section per heading, whichever config adds to it
+        if group.title == title:
+            return group
+    return parser.add_argument_group(title)
+
+
 def add_dataclass_args(
-    parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()
+    parser: argparse.ArgumentParser,
+    cls: type,
+    skip: tuple[str, ...] = (),
+    heading: str | None = None,
 ) -> None:
+    """A flag per field of `cls`, listed under its group's heading (fields without one: under
+    `heading`, default the class's name)."""
     hints = typing.get_type_hints(cls)
-    group = parser.add_argument_group(cls.__name__)
-    for field in dataclasses.fields(cls):
+    overrides: dict[str, str] = getattr(cls, "FIELD_HELP", {})
+    for field in _declaration_order(cls):
         if field.name in skip or field.metadata.get("cli") is False:
             continue
+        group = _argument_group(parser, field_heading(field, heading or cls.__name__))
         tp = _base_type(hints[field.name])
         if field.default is not dataclasses.MISSING:
             default = field.default
@@ -70,7 +104,7 @@ def add_dataclass_args(
                 default = _convert(os.environ[env], tp)
             except ValueError as exc:
                 raise SystemExit(f"environment variable {env}: {exc}") from exc
-        help_text = field.metadata.get("help", "")
+        help_text = overrides.get(field.name, field.metadata.get("help", ""))
         help_text = f"{help_text} [env {env}; default {default!r}]".strip()
         kwargs: dict[str, Any] = {"dest": field.name, "default": default, "help": help_text}
         if "choices" in field.metadata:

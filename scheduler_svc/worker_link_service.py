@@ -12,6 +12,7 @@ from common.convert import HandleTable, decode_step_result, encode_step
 from common.logging import get_logger
 from common.pb import worker_link_pb2 as pb
 from common.pb import worker_link_pb2_grpc as pb_grpc
+from scheduler_svc import worker_limits
 from scheduler_svc.core import SchedulerOutput
 from scheduler_svc.core.preemption_cost import WorkerCosts
 from scheduler_svc.engine import ServingEngine
@@ -211,12 +212,19 @@ class WorkerLinkService(pb_grpc.WorkerLinkServicer):
             pid=reg.pid,
             epoch=reg.epoch,
             held=held_requests(reg),
+            max_num_seqs=reg.max_num_seqs,
+            max_num_batched_tokens=reg.max_num_batched_tokens,
         )
+        refused = worker_limits.check(self.engine.config, registration)
+        if refused is not None:
+            log.warning("worker_refused", reason=refused, peer=context.peer())
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refused)
+        limits = worker_limits.WorkerLimits.of(self.engine.config, registration)
         await context.write(
             pb.SchedulerMessage(
                 register_ack=pb.RegisterAck(
                     worker_id=worker_id,
-                    max_model_len=min(reg.max_model_len, self.engine.config.max_model_len),
+                    max_model_len=limits.max_model_len.value,
                     epoch=epoch,
                 )
             )

@@ -79,6 +79,11 @@ class WorkerRegistration:
     pid: int = 0
     epoch: int = 0  # the highest leader epoch the worker has accepted
     held: list[HeldRequest] = field(default_factory=list)  # rows it kept across a failover
+    # its capacity: rows of its batch and tokens of one forward pass (0 = not reported: an
+    # older or simulated worker); scheduled within the smaller of these and the scheduler's
+    # own (worker_limits.py), as with max_model_len
+    max_num_seqs: int = 0
+    max_num_batched_tokens: int = 0
 
 
 @dataclass(slots=True, eq=False)

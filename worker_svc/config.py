@@ -1,50 +1,26 @@
 """Configuration of the model runner (the worker's core): model, placement, KV cache, limits.
 
-Field metadata `help` / `choices` feed the CLI flags and SPLITSERVE_* variables (common.settings).
+Field metadata `help` / `choices` feed the CLI flags and SPLITSERVE_* variables (common.settings);
+each group's heading lists them in `splitserve worker --help` (common/config_groups.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from common.config_groups import LIMITS, MODEL, ModelSource, config_group, opt
 
 GiB = 1 << 30
 
 
-def _opt(default, help: str, **meta):  # noqa: A002 - mirrors argparse's keyword
-    return field(default=default, metadata={"help": help, **meta})
-
-
-@dataclass(slots=True)
-class ModelRunnerConfig:
-    model: str | None = _opt(
-        None, "local HF directory, .gguf file, or empty for SmolLM2-135M-Instruct"
-    )
-    dtype: str = _opt(
+@config_group(MODEL)
+class ModelOptions:
+    dtype: str = opt(
         "auto",
         "weights and KV cache dtype; auto: float32 on CPU, bfloat16 on CUDA",
         choices=("auto", "float32", "bfloat16", "float16"),
     )
-    device: str = _opt("auto", "auto (cuda when available), cpu, cuda, cuda:N")
-    block_size: int = _opt(16, "tokens per KV cache block")
-    num_gpu_blocks: int | None = _opt(None, "device KV blocks (overrides kv_cache_memory)")
-    kv_cache_memory: int | None = _opt(
-        None, "bytes for the device KV cache; default 1 GiB on CPU, half the free CUDA memory"
-    )
-    num_host_blocks: int = _opt(0, "host KV blocks for swapped-out requests (overrides swap_space)")
-    swap_space: int = _opt(0, "bytes of host memory for swapped-out KV blocks")
-    max_model_len: int | None = _opt(None, "longest sequence; default the model's own limit")
-    max_num_seqs: int = _opt(256, "most requests in one step (rows of the persistent batch)")
-    max_num_batched_tokens: int = _opt(8192, "most tokens in one forward pass")
-    seed: int = _opt(0, "seed of the generator for requests without their own seed")
-    num_threads: int | None = _opt(None, "torch CPU threads; default torch's choice")
-    decode_group_size: int = _opt(8, "decode rows per attention call, by context length")
-    kernels: str = _opt(
-        "native",
-        "native: the kernels this CPU level runs (splitserve worker --print-capabilities); "
-        "reference: torch's own ops only, on any device",
-        choices=("reference", "native"),
-    )
-    quantization: str = _opt(
+    quantization: str = opt(
         "none",
         "weights: none (the model's dtype) or int8 (weight-only, one float32 scale per output "
         "channel; activations keep the dtype; every linear layer, lm_head included); int8 "
@@ -52,24 +28,74 @@ class ModelRunnerConfig:
         "to start",
         choices=("none", "int8"),
     )
-    cuda_graphs: bool = _opt(
+    seed: int = opt(0, "seed of the generator for requests without their own seed")
+
+
+@config_group("KV cache")
+class KvCacheOptions:
+    block_size: int = opt(16, "tokens per KV cache block")
+    num_gpu_blocks: int | None = opt(None, "device KV blocks (overrides kv_cache_memory)")
+    kv_cache_memory: int | None = opt(
+        None, "bytes for the device KV cache; default 1 GiB on CPU, half the free CUDA memory"
+    )
+    num_host_blocks: int = opt(0, "host KV blocks for swapped-out requests (overrides swap_space)")
+    swap_space: int = opt(0, "bytes of host memory for swapped-out KV blocks")
+
+
+@config_group(LIMITS)
+class WorkerCapacity:
+    """What this worker can hold; reported in its Register, where the scheduler takes the
+    smaller of each and its own flag of the same name (scheduler_svc/worker_limits.py)."""
+
+    max_model_len: int | None = opt(
+        None,
+        "longest sequence; default the model's own limit. The scheduler holds this worker to "
+        "the smaller of this and its own --max-model-len",
+    )
+    max_num_seqs: int = opt(
+        256,
+        "most requests in one step (rows of the persistent batch, the largest CUDA-graph "
+        "batch); the scheduler runs at most the smaller of this and its own --max-num-seqs here",
+    )
+    max_num_batched_tokens: int = opt(
+        8192,
+        "most tokens in one forward pass; the scheduler's step budget for this worker is the "
+        "smaller of this and its own --max-num-batched-tokens",
+    )
+    max_logprobs: int = opt(20, "most top-n logprobs a request may ask for")
+
+
+@config_group("device and kernels")
+class DeviceOptions:
+    device: str = opt("auto", "auto (cuda when available), cpu, cuda, cuda:N")
+    num_threads: int | None = opt(None, "torch CPU threads; default torch's choice")
+    decode_group_size: int = opt(8, "decode rows per attention call, by context length")
+    kernels: str = opt(
+        "native",
+        "native: the kernels this CPU level runs (splitserve worker --print-capabilities); "
+        "reference: torch's own ops only, on any device",
+        choices=("reference", "native"),
+    )
+    cuda_graphs: bool = opt(
         True,
         "CUDA: pure-decode steps replay a graph captured per batch and context bucket "
         "(worker_svc/cuda_graphs.py); off: every step launches its kernels one by one",
     )
-    keep_freed_memory: bool = _opt(
+    keep_freed_memory: bool = opt(
         True,
         "CPU: glibc malloc keeps freed activations for reuse instead of returning them to "
         "the kernel (each prefill step otherwise page-faults its tensors in again)",
     )
-    max_logprobs: int = _opt(20, "most top-n logprobs a request may ask for")
-    warmup_tokens: int = _opt(
+    warmup_tokens: int = opt(
         2048,
         "the worker's start: one throwaway prefill of this many tokens (at most the step and "
         "model limits; 0: none), so the largest step's activations are mapped and its kernels "
         "set up before the first request (2048: the scheduler's default step budget)",
     )
 
+
+@dataclass(slots=True)
+class ModelRunnerConfig(ModelSource, ModelOptions, KvCacheOptions, WorkerCapacity, DeviceOptions):
     def __post_init__(self) -> None:
         if self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")

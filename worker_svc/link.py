@@ -14,10 +14,12 @@ import random
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 import grpc
 
+from common.config_groups import RUNTIME, Cluster, LeaderAddress, Logging, config_group, opt
 from common.convert import decode_step, encode_step_result
 from common.credentials import Credentials
 from common.gc_tuning import tune_gc_for_serving
@@ -29,37 +31,35 @@ from common.pb import worker_link_pb2_grpc as pb_grpc
 log = get_logger("splitserve.worker")
 
 
-def _opt(default, help_text: str, **meta):
-    return field(default=default, metadata={"help": help_text, **meta})
-
-
-@dataclass(slots=True)
-class WorkerLinkConfig:
-    scheduler: str = _opt("localhost:50052", "scheduler's worker-link address HOST:PORT")
-    etcd: str = _opt("", "etcd HOST:PORT: follow the leader scheduler there instead of --scheduler")
-    worker_id: str = _opt("", "this worker's id (default: host-pid)")
-    heartbeat_interval: float = _opt(2.0, "seconds between heartbeats")
-    reconnect_max_backoff: float = _opt(10.0, "longest wait between reconnect attempts")
-    drain_timeout: float = _opt(30.0, "on SIGTERM: seconds to finish running requests")
-    measure_costs: bool = _opt(
+@config_group("worker link")
+class WorkerLink:
+    worker_id: str = opt("", "this worker's id (default: host-pid)")
+    heartbeat_interval: float = opt(2.0, "seconds between heartbeats")
+    reconnect_max_backoff: float = opt(10.0, "longest wait between reconnect attempts")
+    drain_timeout: float = opt(30.0, "on SIGTERM: seconds to finish running requests")
+    measure_costs: bool = opt(
         True,
         "time verification steps of 1 to 64 tokens at start (speculative decoding sizes its "
         "drafts by them) and, with host blocks, a prefill and a block copy; report them",
     )
-    max_message_bytes: int = _opt(64 * 1024 * 1024, "largest gRPC message accepted")
-    tune_gc: bool = _opt(
+    max_message_bytes: int = opt(
+        64 * 1024 * 1024, "largest gRPC message accepted on the worker link"
+    )
+    tune_gc: bool = opt(
         True,
         "freeze what exists at start (the model) out of GC and collect young objects less "
         "often: full collections otherwise walk it all, several times a second",
+        group=RUNTIME,
     )
-    credentials: str = _opt(
-        "",
-        "directory of this worker's credentials (ca.crt, tls.crt, tls.key): mutual TLS to the "
-        "scheduler (only a certificate naming splitserve-scheduler is trusted) and to etcd. "
-        "Required unless the scheduler is on loopback",
-    )
-    log_level: str = _opt("info", "log level")
-    log_json: bool = _opt(True, "JSON log lines")
+
+
+@dataclass(slots=True)
+class WorkerLinkConfig(LeaderAddress, Cluster, WorkerLink, Logging):
+    FIELD_HELP: ClassVar[dict[str, str]] = {
+        "credentials": "directory of this worker's credentials (ca.crt, tls.crt, tls.key): "
+        "mutual TLS to the scheduler (only a certificate naming splitserve-scheduler is "
+        "trusted) and to etcd. Required unless the scheduler is on loopback",
+    }
 
 
 class WorkerLinkClient:
@@ -89,6 +89,7 @@ class WorkerLinkClient:
     def registration(self) -> pb.Register:
         r = self.runner
         eos = r.eos_token_id
+        limits = getattr(r, "config", None)  # a ModelRunner's; a simulated runner has none (0)
         return pb.Register(
             worker_id=self.worker_id,
             model=r.model_name,
@@ -96,6 +97,8 @@ class WorkerLinkClient:
             num_device_blocks=r.num_blocks,
             num_host_blocks=r.num_host_blocks,
             max_model_len=r.max_model_len,
+            max_num_seqs=getattr(limits, "max_num_seqs", 0),
+            max_num_batched_tokens=getattr(limits, "max_num_batched_tokens", 0),
             vocab_size=r.vocab_size,
             eos_token_id=-1 if eos is None else eos,
             device=str(getattr(r, "device", "")),
@@ -170,7 +173,7 @@ class WorkerLinkClient:
         timer.start()
 
     def run_forever(self) -> None:
-        if self.cfg.tune_gc:  # as the scheduler does (scheduler_svc/main.py)
+        if self.cfg.tune_gc:  # as the scheduler does (splitserve/scheduler_process.py)
             tune_gc_for_serving()
         watcher = self._follow_leader() if self.cfg.etcd else None
         try:

@@ -46,7 +46,7 @@ class Drained(_message.Message):
     def __init__(self, num_finished: _Optional[int] = ..., num_handed_back: _Optional[int] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("worker_id", "model", "block_size", "num_device_blocks", "num_host_blocks", "max_model_len", "vocab_size", "eos_token_id", "device", "dtype", "prefill_s_per_token", "prefill_s_per_token_ctx", "swap_bytes_per_s", "swap_latency_s", "kv_bytes_per_block", "kernels", "epoch", "held", "host", "pid", "verify_step_s")
+    __slots__ = ("worker_id", "model", "block_size", "num_device_blocks", "num_host_blocks", "max_model_len", "vocab_size", "eos_token_id", "device", "dtype", "prefill_s_per_token", "prefill_s_per_token_ctx", "swap_bytes_per_s", "swap_latency_s", "kv_bytes_per_block", "kernels", "epoch", "held", "host", "pid", "verify_step_s", "max_num_seqs", "max_num_batched_tokens")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,8 @@ class Register(_message.Message):
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     VERIFY_STEP_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     block_size: int
@@ -89,7 +91,9 @@ class Register(_message.Message):
     host: str
     pid: int
     verify_step_s: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., prefill_s_per_token: _Optional[float] = ..., prefill_s_per_token_ctx: _Optional[float] = ..., swap_bytes_per_s: _Optional[float] = ..., swap_latency_s: _Optional[float] = ..., kv_bytes_per_block: _Optional[int] = ..., kernels: _Optional[str] = ..., epoch: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldRequest, _Mapping]]] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., verify_step_s: _Optional[_Iterable[float]] = ...) -> None: ...
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., prefill_s_per_token: _Optional[float] = ..., prefill_s_per_token_ctx: _Optional[float] = ..., swap_bytes_per_s: _Optional[float] = ..., swap_latency_s: _Optional[float] = ..., kv_bytes_per_block: _Optional[int] = ..., kernels: _Optional[str] = ..., epoch: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldRequest, _Mapping]]] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., verify_step_s: _Optional[_Iterable[float]] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ...) -> None: ...
 
 class HeldRequest(_message.Message):
     __slots__ = ("request_id", "block_ids", "num_computed_tokens", "num_tokens")
