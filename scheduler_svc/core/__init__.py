@@ -6,7 +6,6 @@ from common.messages import CachedRequestData, NewRequestData, SamplingParams, S
 # importing policies registers the built-ins beyond fcfs and priority (sjf, aging, fair, deadline)
 from scheduler_svc.core import policies  # noqa: F401
 from scheduler_svc.core.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock, hash_block_tokens
-from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.errors import RequestRejected, SchedulerConfigError
 from scheduler_svc.core.kv_cache_manager import KVCacheManager, count_prefix_blocks
 from scheduler_svc.core.outputs import RequestOutput
@@ -27,6 +26,7 @@ from scheduler_svc.core.request_queue import (
     create_request_queue,
 )
 from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.core.scheduler_config import SchedulerConfig
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.core.validation import validate_request, validate_sampling_params
 

@@ -10,47 +10,42 @@ computes only the tokens after them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.request import Request, RequestStatus
+from scheduler_svc.core.request_queue import RequestQueue
+from scheduler_svc.core.scheduler_config import SchedulerConfig
 from scheduler_svc.core.validation import validate_request
-
-if TYPE_CHECKING:
-    from scheduler_svc.core.config import SchedulerConfig
-    from scheduler_svc.core.kv_cache_manager import KVCacheManager
-    from scheduler_svc.core.request_queue import RequestQueue
+from scheduler_svc.core.worker_view import WorkerView
 
 
-class AdoptionMixin:
-    """Part of Scheduler (kept in its own file): adopt_request()."""
-
-    config: SchedulerConfig
-    kv: KVCacheManager
-    waiting: RequestQueue
-    swapped: RequestQueue
-    running: list[Request]
-    _running_by_id: dict[str, Request]
-    _worker_known: set[str]
-    _adopted_unsent: set[str]
-    _block_size: int
-    _num_steps: int
-
-    def adopt_request(
-        self, request: Request, block_ids: list[int], num_computed_tokens: int
+class Adopter:
+    def __init__(
+        self,
+        *,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        running: list[Request],
+        running_by_id: dict[str, Request],
+        waiting: RequestQueue,
+        swapped: RequestQueue,
+        worker_view: WorkerView,
     ) -> None:
-        """Run ``request`` from its first ``num_computed_tokens`` tokens, whose KV the worker
-        holds in ``block_ids`` (its block table, in token order). The request joins the running
-        set at once holding the blocks those tokens need (taken out of the free pool, or shared
-        with another adopted request that holds them); table entries beyond them stay free.
+        self.config = config
+        self.kv = kv
+        self.running = running
+        self.running_by_id = running_by_id
+        self.waiting = waiting
+        self.swapped = swapped
+        self.worker_view = worker_view
 
-        num_computed_tokens must be below request.num_tokens (the last token is always computed
-        to sample the next; pass min(what the worker holds, num_tokens - 1)). Raises
-        RequestRejected when the request could never run here, ValueError (changing nothing)
-        when the running set is full (max_num_seqs), the id is already here, or the table
-        cannot hold those tokens here."""
-        validate_request(request, self.config)
+    def adopt(
+        self, request: Request, block_ids: list[int], num_computed_tokens: int, step_id: int
+    ) -> None:
+        """Scheduler.adopt_request(), the next step to be scheduled being ``step_id``."""
+        cfg = self.config
+        validate_request(request, cfg)
         rid = request.request_id
-        if rid in self._running_by_id or rid in self.waiting or rid in self.swapped:
+        if rid in self.running_by_id or rid in self.waiting or rid in self.swapped:
             raise ValueError(f"request id {rid!r} is already in flight here; adopt it once")
         c = num_computed_tokens
         if not 0 <= c < request.num_tokens:
@@ -58,16 +53,16 @@ class AdoptionMixin:
                 f"request {rid!r} has {request.num_tokens} tokens, so at most "
                 f"{request.num_tokens - 1} can be adopted as computed, not {c}"
             )
-        if len(self.running) >= self.config.max_num_seqs:
+        if len(self.running) >= cfg.max_num_seqs:
             raise ValueError(
                 f"cannot adopt request {rid!r}: {len(self.running)} requests already run here "
-                f"(max_num_seqs={self.config.max_num_seqs})"
+                f"(max_num_seqs={cfg.max_num_seqs})"
             )
-        num_blocks = -(-c // self._block_size)
+        num_blocks = -(-c // cfg.block_size)
         if len(block_ids) < num_blocks:
             raise ValueError(
                 f"request {rid!r}: {c} computed tokens need {num_blocks} blocks of "
-                f"{self._block_size} tokens but its table has {len(block_ids)}"
+                f"{cfg.block_size} tokens but its table has {len(block_ids)}"
             )
         self.kv.adopt(request, block_ids, num_blocks)
         request.status = RequestStatus.RUNNING
@@ -76,10 +71,11 @@ class AdoptionMixin:
         request.num_output_placeholders = 0
         request.finish_reason = None
         request.stop_reason = None
-        request.admitted_step = self._num_steps  # outputs of earlier steps are not its own
+        request.admitted_step = step_id  # outputs of earlier steps are not its own
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = c
         self.running.append(request)
-        self._running_by_id[rid] = request
-        self._worker_known.discard(rid)
-        self._adopted_unsent.add(rid)  # the worker forgot its row: sent as new when scheduled
+        self.running_by_id[rid] = request
+        self.worker_view.known.discard(rid)
+        # the worker forgot its row: sent as new when first scheduled
+        self.worker_view.adopted_unsent.add(rid)

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
+from common.outcomes import RequestRejected
 
-class RequestRejected(ValueError):
-    """The request can never run as given (bad input, too long, duplicate id...).
-
-    ``str(exc)`` is a sentence meant for the client, e.g.
-    "prompt has 3000 tokens but max_model_len is 2048; shorten the prompt".
-    Services map it to gRPC INVALID_ARGUMENT / HTTP 400.
-    """
+__all__ = ["RequestRejected", "SchedulerConfigError"]
 
 
 class SchedulerConfigError(ValueError):

@@ -3,40 +3,55 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from common.messages import SchedulerOutput
+from scheduler_svc.core.draft_tracking import DraftTracker
+from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.request import Request, RequestStatus
+from scheduler_svc.core.request_queue import RequestQueue
+from scheduler_svc.core.stats import SchedulerCounters
+from scheduler_svc.core.step_state import MAX_STEPS_IN_FLIGHT, StepState
 from scheduler_svc.core.stopping import check_stop
-
-if TYPE_CHECKING:
-    from scheduler_svc.core.draft_budget import DraftBudget
-    from scheduler_svc.core.kv_cache_manager import KVCacheManager
-    from scheduler_svc.core.request_queue import RequestQueue
-    from scheduler_svc.core.speculative import Proposer, SpecCounters
+from scheduler_svc.core.worker_view import WorkerView
 
 _RUNNING = RequestStatus.RUNNING
 _FINISHED = RequestStatus.FINISHED
 
 
-class OutputProcessorMixin:
-    """Part of Scheduler (kept in its own file): update_from_output()."""
+class OutputProcessor:
+    def __init__(
+        self,
+        *,
+        kv: KVCacheManager,
+        running: list[Request],
+        running_by_id: dict[str, Request],
+        waiting: RequestQueue,
+        swapped: RequestQueue,
+        worker_view: WorkerView,
+        drafts: DraftTracker,
+        counters: SchedulerCounters,
+        length_limit: int,
+    ) -> None:
+        self.kv = kv
+        self.running = running
+        self.running_by_id = running_by_id
+        self.waiting = waiting
+        self.swapped = swapped
+        self.worker_view = worker_view
+        self.drafts = drafts
+        self.counters = counters
+        self.length_limit = length_limit
+        # per step not yet applied: its scheduled requests, token counts and whether each
+        # samples; update_from_output() walks these
+        self.in_flight: dict[int, tuple[list[Request], list[int], list[bool]]] = {}
 
-    kv: KVCacheManager
-    running: list[Request]
-    _running_by_id: dict[str, Request]
-    _worker_known: set[str]
-    _finished_pending: set[str]
-    _length_limit: int
-    _inflight: dict[int, tuple[list[Request], list[int], list[bool]]]
-    waiting: RequestQueue
-    swapped: RequestQueue
-    _num_finished: int
-    _proposer: Proposer | None
-    _spec_inflight: dict[int, dict[str, int]]
-    _spec_counts: SpecCounters
-    _draft_budget: DraftBudget | None
+    def expect(self, step: StepState) -> None:
+        """The outputs of this step will come back."""
+        in_flight = self.in_flight
+        in_flight[step.step_id] = (step.reqs, step.ns, step.samples)
+        if len(in_flight) > MAX_STEPS_IN_FLIGHT:  # outputs that never came back
+            del in_flight[min(in_flight)]
 
     def update_from_output(
         self, out: SchedulerOutput, sampled: Mapping[str, Sequence[int]]
@@ -47,22 +62,22 @@ class OutputProcessorMixin:
         Steps may be applied after later ones were scheduled (async scheduling): a request
         preempted since keeps the token it sampled (it is valid output); outputs for requests
         aborted or finished since, or re-admitted after the step, are dropped."""
-        record = self._inflight.pop(out.step_id, None)
+        record = self.in_flight.pop(out.step_id, None)
         triples: Iterable[tuple[Request | None, int, bool]]  # (request, tokens, sampled?)
         if record is not None:
             triples = zip(*record, strict=True)
         else:  # not a step of ours (e.g. rebuilt from the wire): look running requests up
-            get = self._running_by_id.get
+            get = self.running_by_id.get
             triples = (
                 (get(rid), n, bool(sampled.get(rid))) for rid, n in out.num_scheduled_tokens.items()
             )
-        drafted = self._spec_inflight.pop(out.step_id, None) if self._spec_inflight else None
+        drafted = self.drafts.take_step(out.step_id)
         if drafted:
-            self._verified(drafted, sampled, out.step_id)
+            self._apply_verification(drafted, sampled, out.step_id)
         outputs: list[RequestOutput] = []
         append_output = outputs.append
         step_id = out.step_id
-        length_limit = self._length_limit
+        length_limit = self.length_limit
         any_finished = False
         for req, _n, samples in triples:
             if req is None or not samples:
@@ -112,17 +127,18 @@ class OutputProcessorMixin:
                 else:  # preempted since this step: it ends from the queue it waits in
                     self._finish_queued(req)
         if any_finished:
-            self.running = [r for r in self.running if r.status is _RUNNING]
+            running = self.running  # shared with the scheduler: filtered in place
+            running[:] = [r for r in running if r.status is _RUNNING]
         return outputs
 
-    def _verified(
+    def _apply_verification(
         self, drafted: dict[str, int], sampled: Mapping[str, Sequence[int]], step_id: int
     ) -> None:
         """A step's verified drafts: a request that got a + 1 tokens for k drafts keeps a of
         them; its computed count and blocks lose the k - a rejected positions (their KV is
         garbage), before its tokens are appended."""
         for rid, k in drafted.items():
-            req = self._running_by_id.get(rid)
+            req = self.running_by_id.get(rid)
             tokens = sampled.get(rid)
             if req is None or not tokens or req.admitted_step > step_id:
                 continue  # finished, aborted or preempted since (its progress restarted)
@@ -131,11 +147,7 @@ class OutputProcessorMixin:
             # the rejected positions were never valid KV: computing them again is not recompute
             req.max_computed_tokens = min(req.max_computed_tokens, req.num_computed_tokens)
             self.kv.trim(req)
-            self._spec_counts.verified(k, accepted)
-            if self._draft_budget is not None:
-                self._draft_budget.verified(k, accepted)
-            if self._proposer is not None:
-                self._proposer.record(req, k, accepted)
+            self.drafts.verified(req, k, accepted)
 
     def _finish_queued(self, req: Request) -> None:
         rid = req.request_id
@@ -144,19 +156,16 @@ class OutputProcessorMixin:
         else:
             self.waiting.remove(rid)
         req.status = RequestStatus.FINISHED
-        self._finished_pending.add(rid)
-        self._worker_known.discard(rid)
-        self._num_finished += 1
-        if self._proposer is not None:
-            self._proposer.forget(rid)
+        self._ended(rid)
 
     def _finish(self, req: Request) -> None:
         rid = req.request_id
         req.status = RequestStatus.FINISHED
         self.kv.free(req)
-        del self._running_by_id[rid]
-        self._finished_pending.add(rid)
-        self._worker_known.discard(rid)
-        self._num_finished += 1
-        if self._proposer is not None:
-            self._proposer.forget(rid)
+        del self.running_by_id[rid]
+        self._ended(rid)
+
+    def _ended(self, rid: str) -> None:
+        self.worker_view.end(rid)
+        self.counters.num_finished += 1
+        self.drafts.forget(rid)

@@ -48,7 +48,7 @@ class SchedulingPolicy:
     hopeless_waiting(): waiting requests to end now (FinishReason.SHED) because they can no
         longer meet their targets; called once per step; default none (goodput's shed_hopeless).
     wants_seat(request): the waiting request can still meet its targets, so a running request
-        that cannot may give up its seat to it (``Scheduler._unseat_hopeless``); default False.
+        that cannot may give up its seat to it (``Shedder.unseat_running``); default False.
     hopeless_running(running): the running requests that can no longer meet their targets and
         may lose their seat to one that wants it, most expendable first; default none.
     shed_hopeless: True ends such requests (FinishReason.SHED) instead of demoting them.

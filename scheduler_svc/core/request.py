@@ -7,14 +7,9 @@ import time
 from dataclasses import dataclass, field
 
 from common.messages import SamplingParams
+from common.outcomes import FinishReason
 
-
-class FinishReason(enum.StrEnum):
-    STOP = "stop"  # EOS, a stop token id, or (service level) a stop string
-    LENGTH = "length"  # max_tokens or max_model_len reached
-    ABORT = "abort"  # client cancelled or aborted
-    ERROR = "error"  # failed (e.g. too many migrations)
-    SHED = "shed"  # could no longer make a target: ended early (--shed-hopeless)
+__all__ = ["FinishReason", "Request", "RequestStatus"]
 
 
 class RequestStatus(enum.Enum):

@@ -7,49 +7,43 @@ V1 does), and blocks the step fills are registered in the prefix cache then; upd
 appends the sampled tokens, checks stop conditions and finishes requests.
 
 A step: running requests first (in admission order), each gets min(remaining, budget) tokens; if
-its KV blocks cannot be allocated, victims chosen by the policy are preempted (recompute: blocks
-freed, progress reset, back to the head of waiting; swap: computed KV copied to host blocks,
-progress kept, into the swapped queue) until it fits or it is the victim itself; a victim already
-scheduled this step gives its tokens back. Then, unless something was preempted, swapped requests
+its KV blocks cannot be allocated, victims chosen by the policy are preempted (preemption.py)
+until it fits or it is the victim itself. Then, unless something was preempted, swapped requests
 resume and waiting requests are admitted in policy order while budget, max_num_seqs and blocks
-(keeping the watermark free) allow (admission.py). The result is a SchedulerOutput diff for the
-worker; update_from_output() is in output_processing.py.
+(keeping the watermark free) allow (waiting_admission.py). The result is a SchedulerOutput diff
+for the worker (worker_view.py tracks what the worker holds). update_from_output() is in
+output_processing.py, adopt_request() in adoption.py, speculative drafts in draft_tracking.py.
+The Scheduler owns the queues, the running list and the KV cache manager; its helpers hold
+references to the parts they change.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from time import perf_counter
+from collections.abc import Mapping, Sequence
 
-from common.messages import CachedRequestData, NewRequestData, SchedulerOutput
-from scheduler_svc.core.admission import AdmissionMixin
-from scheduler_svc.core.adoption import AdoptionMixin
-from scheduler_svc.core.block_pool import KVCacheBlock
-from scheduler_svc.core.config import SchedulerConfig
-from scheduler_svc.core.draft_budget import DraftBudget
+from common.messages import CachedRequestData, SchedulerOutput
+from scheduler_svc.core.adoption import Adopter
+from scheduler_svc.core.draft_tracking import DraftTracker
 from scheduler_svc.core.errors import RequestRejected, SchedulerConfigError
 from scheduler_svc.core.kv_cache_manager import KVCacheManager
-from scheduler_svc.core.output_processing import OutputProcessorMixin
+from scheduler_svc.core.output_processing import OutputProcessor
+from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.policy import create_policy
+from scheduler_svc.core.preemption import Preemptor
 from scheduler_svc.core.preemption_cost import PreemptionCostModel
 from scheduler_svc.core.request import FinishReason, Request, RequestStatus
 from scheduler_svc.core.request_queue import RequestQueue, create_request_queue
-from scheduler_svc.core.speculative import (
-    UNMEASURED_MAX_BATCH,
-    Proposer,
-    SpecCounters,
-    create_proposer,
-    drafts_allowed,
-)
-from scheduler_svc.core.stats import SchedulerStats
+from scheduler_svc.core.scheduler_config import SchedulerConfig
+from scheduler_svc.core.shedding import Shedder
+from scheduler_svc.core.speculative import Proposer, drafts_allowed
+from scheduler_svc.core.stats import SchedulerCounters, SchedulerStats, collect_stats
 from scheduler_svc.core.step_state import StepState
 from scheduler_svc.core.validation import validate_request
+from scheduler_svc.core.waiting_admission import WaitingAdmitter
+from scheduler_svc.core.worker_view import WorkerView
 
-_RUNNING = RequestStatus.RUNNING
-MAX_STEPS_IN_FLIGHT = 8
 
-
-class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
+class Scheduler:
     def __init__(self, config: SchedulerConfig, waiting_queue: RequestQueue | None = None):
         self.config = config
         if waiting_queue is None:
@@ -63,7 +57,8 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
                     f"scheduler is configured with {config.policy!r}; use the same policy"
                 )
         self.waiting: RequestQueue = waiting_queue
-        self.running: list[Request] = []  # admission order
+        # admission order; one list shared with the helpers, so changed in place only
+        self.running: list[Request] = []
         self._running_by_id: dict[str, Request] = {}
         self.kv = KVCacheManager(
             config.num_blocks,
@@ -74,55 +69,73 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         # swapped-out requests (their KV in host blocks): this worker's own queue, resumed
         # before any waiting request is admitted
         self.swapped: RequestQueue = create_request_queue(self.policy)
-        self._preemption_mode = config.preemption_mode
-        self._cost = PreemptionCostModel(
-            self.kv, config.preemption_mode, config.worker_costs, config.auto_swap_min_tokens
-        )
         self._block_size = config.block_size
         self._caching = config.enable_prefix_caching
         self._threshold = (
             config.long_prefill_token_threshold if config.enable_chunked_prefill else 0
         )
-        self._watermark_blocks = config.watermark_blocks
         # a request ends with LENGTH when its tokens reach max_model_len, or when computing its
         # next token would need more KV than the whole pool holds (it could never run alone)
         self._length_limit = min(config.max_model_len, config.kv_capacity_tokens + 1)
-        self._worker_known: set[str] = set()  # sent to the worker as new and not finished since
-        self._adopted_unsent: set[str] = set()  # adopted, running, not yet sent (adoption.py)
-        self._finished_pending: set[str] = set()  # finished/aborted, reported by next schedule()
-        # per step not yet applied (async scheduling keeps two in flight): its scheduled
-        # requests, token counts and whether each samples; update_from_output() walks these
-        self._inflight: dict[int, tuple[list[Request], list[int], list[bool]]] = {}
-        # counters
-        self._num_steps = 0
-        self._num_preemptions = 0
-        self._num_recomputed = 0
-        self._prefix_queries = 0
-        self._prefix_hits = 0
-        self._num_prefill_tokens = 0
-        self._num_decode_tokens = 0
-        self._num_finished = 0
-        self._num_aborted = 0
-        self._num_swap_outs = 0
-        self._num_swap_ins = 0
-        self._num_shed = 0
-        self._shed: list[Request] = []  # ended by _shed_hopeless, not yet taken by take_shed()
-        # speculative decoding (speculative.py): drafts per in-flight step, and their counts
-        spec = config.speculative
-        self._proposer = create_proposer(spec) if spec is not None else None
-        self._max_drafts = spec.num_speculative_tokens if spec is not None else 0
-        self._spec_max_batch = spec.max_batch if spec is not None else None
-        costs = config.worker_costs
-        # sized by the worker's measured step times (draft_budget.py) where it measured them
-        self._draft_budget = (
-            DraftBudget(costs.verify_step_s)
-            if spec is not None and costs is not None and costs.verify_step_s
-            else None
+        self._counters = SchedulerCounters()
+        self._worker_view = WorkerView()
+        self._draft_tracker = DraftTracker(config.speculative, config.worker_costs)
+        self._cost = PreemptionCostModel(
+            self.kv, config.preemption_mode, config.worker_costs, config.auto_swap_min_tokens
         )
-        if spec is not None and self._draft_budget is None and self._spec_max_batch is None:
-            self._spec_max_batch = UNMEASURED_MAX_BATCH
-        self._spec_inflight: dict[int, dict[str, int]] = {}  # step -> request -> drafts sent
-        self._spec_counts = SpecCounters(accepted_per_pos=[0] * self._max_drafts)
+        self._preemptor = Preemptor(
+            policy=self.policy,
+            cost=self._cost,
+            kv=self.kv,
+            running=self.running,
+            running_by_id=self._running_by_id,
+            waiting=self.waiting,
+            swapped=self.swapped,
+            worker_view=self._worker_view,
+            drafts=self._draft_tracker,
+            counters=self._counters,
+        )
+        self._admitter = WaitingAdmitter(
+            config=config,
+            kv=self.kv,
+            running=self.running,
+            running_by_id=self._running_by_id,
+            waiting=self.waiting,
+            swapped=self.swapped,
+            worker_view=self._worker_view,
+            counters=self._counters,
+        )
+        self._shedder = Shedder(
+            policy=self.policy,
+            kv=self.kv,
+            running=self.running,
+            running_by_id=self._running_by_id,
+            waiting=self.waiting,
+            worker_view=self._worker_view,
+            counters=self._counters,
+            preemptor=self._preemptor,
+            admitter=self._admitter,
+        )
+        self._adopter = Adopter(
+            config=config,
+            kv=self.kv,
+            running=self.running,
+            running_by_id=self._running_by_id,
+            waiting=self.waiting,
+            swapped=self.swapped,
+            worker_view=self._worker_view,
+        )
+        self._outputs = OutputProcessor(
+            kv=self.kv,
+            running=self.running,
+            running_by_id=self._running_by_id,
+            waiting=self.waiting,
+            swapped=self.swapped,
+            worker_view=self._worker_view,
+            drafts=self._draft_tracker,
+            counters=self._counters,
+            length_limit=self._length_limit,
+        )
 
     # ---- requests --------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -137,6 +150,21 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         request.stop_reason = None
         self.waiting.add(request)
 
+    def adopt_request(
+        self, request: Request, block_ids: list[int], num_computed_tokens: int
+    ) -> None:
+        """Run ``request`` from its first ``num_computed_tokens`` tokens, whose KV the worker
+        holds in ``block_ids`` (its block table, in token order). The request joins the running
+        set at once holding the blocks those tokens need (taken out of the free pool, or shared
+        with another adopted request that holds them); table entries beyond them stay free.
+
+        num_computed_tokens must be below request.num_tokens (the last token is always computed
+        to sample the next; pass min(what the worker holds, num_tokens - 1)). Raises
+        RequestRejected when the request could never run here, ValueError (changing nothing)
+        when the running set is full (max_num_seqs), the id is already here, or the table
+        cannot hold those tokens here."""
+        self._adopter.adopt(request, block_ids, num_computed_tokens, self._counters.num_steps)
+
     def abort_request(self, request_id: str) -> bool:
         """Abort in any state; its blocks are freed and its id is reported in the next
         schedule()'s finished_req_ids. False if no unfinished request has this id."""
@@ -144,24 +172,21 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         if req is not None:
             self.running.remove(req)
             self.kv.free(req)
-            self._adopted_unsent.discard(request_id)
+            self._worker_view.adopted_unsent.discard(request_id)
         elif (req := self.swapped.remove(request_id)) is not None:
             self.kv.free_host(req)
         elif (req := self.waiting.remove(request_id)) is None:
             return False
         req.status = RequestStatus.FINISHED
         req.finish_reason = FinishReason.ABORT
-        if self._proposer is not None:
-            self._proposer.forget(request_id)
-        self._finished_pending.add(request_id)
-        self._worker_known.discard(request_id)
-        self._num_aborted += 1
+        self._draft_tracker.forget(request_id)
+        self._worker_view.end(request_id)
+        self._counters.num_aborted += 1
         return True
 
     def take_shed(self) -> list[Request]:
         """Requests ended with FinishReason.SHED since the last call (their clients must hear)."""
-        shed, self._shed = self._shed, []
-        return shed
+        return self._shedder.take_shed()
 
     def get_request(self, request_id: str) -> Request | None:
         """An unfinished request (running, swapped or waiting) by id."""
@@ -183,108 +208,56 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
     # ---- one step --------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         cfg = self.config
-        step = StepState(step_id=self._num_steps, budget=cfg.max_num_batched_tokens)
-        self._num_steps += 1
+        counters = self._counters
+        step = StepState(step_id=counters.num_steps, budget=cfg.max_num_batched_tokens)
+        counters.num_steps += 1
         if self.policy.aging and self.policy.refresh(self.policy.clock()):
             self.waiting.reorder()
-        self._shed_hopeless()
-        self._unseat_hopeless(step)
+        self._shedder.shed_waiting()
+        self._shedder.unseat_running(step)
 
         self._schedule_running(step)
         if not step.preempted:  # no admission in a step that preempted
+            admitter = self._admitter
             if self.swapped:
-                self._schedule_swapped(step)
+                admitter.resume_swapped(step)
             # swapped requests resume first, unless the policy holds the first one back
-            if self.waiting and (not self.swapped or not self._swapped_head_admitted()):
-                self._schedule_waiting(step)
+            if self.waiting and (not self.swapped or not admitter.swapped_head_admitted()):
+                admitter.admit_waiting(step)
 
         total = cfg.max_num_batched_tokens - step.budget
-        self._num_decode_tokens += step.num_decode
-        self._num_prefill_tokens += total - step.num_decode
+        counters.num_decode_tokens += step.num_decode
+        counters.num_prefill_tokens += total - step.num_decode
         out = SchedulerOutput(
             new_requests=step.new_reqs,
             cached_requests=step.cached_reqs,
             num_scheduled_tokens=step.num_scheduled,
             total_num_scheduled_tokens=total,
             preempted_req_ids=step.preempted,
-            finished_req_ids=self._finished_pending,
+            finished_req_ids=self._worker_view.take_finished(),
             blocks_to_swap_out=step.swap_out,
             blocks_to_swap_in=step.swap_in,
             step_id=step.step_id,
             spec_token_ids=step.spec,
         )
         if step.spec:
-            self._spec_inflight[step.step_id] = {r: len(d) for r, d in step.spec.items()}
-            if len(self._spec_inflight) > MAX_STEPS_IN_FLIGHT:
-                del self._spec_inflight[min(self._spec_inflight)]
-        self._finished_pending = set()
-        if self.policy.accounts and step.reqs:  # per-tenant service (fair share)
-            self.policy.account(step.reqs, step.ns)
+            self._draft_tracker.sent(step.step_id, step.spec)
         if step.reqs:
-            inflight = self._inflight
-            inflight[step.step_id] = (step.reqs, step.ns, step.samples)
-            if len(inflight) > MAX_STEPS_IN_FLIGHT:  # outputs that never came back
-                del inflight[min(inflight)]
+            if self.policy.accounts:  # per-tenant service (fair share)
+                self.policy.account(step.reqs, step.ns)
+            self._outputs.expect(step)
         return out
 
-    def _shed_hopeless(self) -> None:
-        """End the waiting requests the policy calls hopeless (they cannot meet their targets
-        any more) at once, as an abort would, with FinishReason.SHED."""
-        for req in self.policy.hopeless_waiting():
-            rid = req.request_id
-            if self.waiting.remove(rid) is None:
-                continue  # not in a queue this scheduler can take it from
-            self._end_shed(req)
+    def update_from_output(
+        self, out: SchedulerOutput, sampled: Mapping[str, Sequence[int]]
+    ) -> list[RequestOutput]:
+        """Apply one step's sampled tokens (request id -> new token ids, [] for a partial
+        prefill). Returns one RequestOutput per request that got tokens or finished.
 
-    def _end_shed(self, req: Request) -> None:
-        rid = req.request_id
-        req.mark_shed(self.policy.missed_target(req))
-        self._finished_pending.add(rid)
-        self._worker_known.discard(rid)
-        self._num_shed += 1
-        self._shed.append(req)
-
-    def _unseat_hopeless(self, step: StepState) -> None:
-        """A request that can still meet its targets waits at the head of the queue without a
-        seat (max_num_seqs, the policy's gate or blocks) while running requests cannot meet
-        theirs: they give up their seats, most expendable first, until it has one. Preempted
-        as blocks running short would (recompute or swap), so the policy's order puts them
-        behind the feasible requests and aging bounds their wait; with ``shed_hopeless`` ended
-        instead, as they would be at the next step's shedding anyway."""
-        policy = self.policy
-        head = self.waiting.peek()
-        if head is None or not policy.wants_seat(head) or self._has_seat(head):
-            return
-        for victim in policy.hopeless_running(self.running):
-            self.running.remove(victim)
-            if policy.shed_hopeless:
-                del self._running_by_id[victim.request_id]
-                self._adopted_unsent.discard(victim.request_id)
-                self.kv.free(victim)
-                self._end_shed(victim)
-            else:
-                self._preempt(victim, step)
-            if self._has_seat(head):
-                return
-
-    def _has_seat(self, head: Request) -> bool:
-        """Admission would find a seat, the policy's consent and the blocks of its first step
-        for this waiting request (prefix-cache hits not counted: a seat too few is the safe
-        error, it only unseats a request that can no longer count)."""
-        if len(self.running) >= self.config.max_num_seqs or not self.policy.admits(head):
-            return False
-        if self.swapped and self._swapped_head_admitted():
-            return False  # the swapped request resumes first
-        n = min(head.num_tokens, self.config.max_num_batched_tokens)
-        if self._threshold:
-            n = min(n, self._threshold)
-        need = -(-n // self._block_size)
-        reserve = self._watermark_blocks if self.running else 0
-        return need + reserve <= self.kv.num_free_blocks
-
-    def _swapped_head_admitted(self) -> bool:
-        head = self.swapped.peek()
-        return head is not None and self.policy.admits(head)
+        Steps may be applied after later ones were scheduled (async scheduling): a request
+        preempted since keeps the token it sampled (it is valid output); outputs for requests
+        aborted or finished since, or re-admitted after the step, are dropped."""
+        return self._outputs.update_from_output(out, sampled)
 
     def _schedule_running(self, step: StepState) -> None:
         running = self.running
@@ -297,14 +270,16 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
         reqs_append, ns_append = step.reqs.append, step.ns.append
         samples_append = step.samples.append
         length_limit = self._length_limit
-        adopted = self._adopted_unsent
+        worker_view = self._worker_view
+        adopted = worker_view.adopted_unsent
+        tracker = self._draft_tracker
         budget = step.budget
         num_decode = 0
-        proposer = self._proposer
-        drafts_left = self._drafts_for_step(len(running)) if proposer is not None else 0
+        proposer = tracker.proposer
+        drafts_left = tracker.for_step(len(running)) if proposer is not None else 0
         if not drafts_left:
             proposer = None  # a large batch is bound by arithmetic: drafts would cost
-        if proposer is not None and self._awaiting_drafter(proposer):
+        if proposer is not None and tracker.awaiting_latest_token(proposer, running):
             return  # one whole batch once its tokens are back, not half batches taking turns
         i = 0
         while i < len(running) and budget > 0:
@@ -320,20 +295,17 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
                 i += 1
                 continue
             drafts = None
-            # (with its last token on its way, _awaiting_drafter returned before the loop)
+            # (with its last token on its way, awaiting_latest_token returned before the loop)
             if proposer is not None and n == 1 and drafts_allowed(req) and proposer.wants(req):
                 room = min(
-                    self._max_drafts,
+                    tracker.max_drafts,
                     drafts_left,
                     budget - 1,
                     req.sampling_params.max_tokens - num_out - 1,
                     length_limit - total - 1,
                 )
                 if room > 0:
-                    drafting = perf_counter()
-                    drafts = proposer.propose(req, room) or None
-                    self._spec_counts.draft_time_s += perf_counter() - drafting
-                    self._spec_counts.lookups += 1
+                    drafts = tracker.propose(proposer, req, room)
                     if drafts is not None:
                         n += len(drafts)
                         drafts_left -= len(drafts)
@@ -351,7 +323,7 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
                 new_blocks = self.kv.allocate_slots(req, n)
                 if new_blocks is None:
                     step.budget, step.num_decode = budget, num_decode
-                    new_blocks, i = self._make_room(req, n, i, step)
+                    new_blocks, i = self._preemptor.make_room(req, n, i, step)
                     budget, num_decode = step.budget, step.num_decode
                     if new_blocks is None:  # req itself was preempted; running[i] is the next
                         continue
@@ -360,15 +332,16 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
             num_scheduled[rid] = n
             if drafts is not None:
                 step.spec[rid] = drafts
-            if adopted and rid in adopted:
-                self._send_adopted(req, c, step)
+            if adopted and rid in adopted:  # its first step since adoption: sent as new
+                adopted.discard(rid)
+                worker_view.send(req, self.kv.block_ids(rid), c, step)
             else:
                 cached_append(CachedRequestData(rid, new_ids, c))
             reqs_append(req)
             ns_append(n)
             if c < req.max_computed_tokens:  # computed before a preemption: recomputed
-                self._note_computed(req, c, n)
-            else:  # new ground (n > 0): _note_computed's other case, without the call
+                self._counters.count_computed(req, c, n)
+            else:  # new ground (n > 0): count_computed's other case, without the call
                 req.max_computed_tokens = c + n
             req.num_computed_tokens = c + n
             samples = c + n == total or drafts is not None
@@ -381,171 +354,30 @@ class Scheduler(AdmissionMixin, AdoptionMixin, OutputProcessorMixin):
             i += 1
         step.budget, step.num_decode = budget, num_decode
 
-    def _send_adopted(self, req: Request, c: int, step: StepState) -> None:
-        """An adopted request's first step: the worker forgot its row, so it travels as new with
-        its whole block table, its KV held up to c (as after a prefix-cache hit)."""
-        rid = req.request_id
-        self._adopted_unsent.discard(rid)
-        self._worker_known.add(rid)
-        step.new_reqs.append(
-            NewRequestData(
-                rid,
-                req.prompt_token_ids,
-                req.sampling_params,
-                self.kv.block_ids(rid),
-                c,
-                list(req.output_token_ids),
-            )
-        )
-
-    def _make_room(
-        self, req: Request, n: int, i: int, step: StepState
-    ) -> tuple[Sequence[KVCacheBlock] | None, int]:
-        """Preempt victims until ``req`` (at running[i]) gets its n slots. Returns its new
-        blocks (None if it was preempted itself) and its index after the removals."""
-        running = self.running
-        while True:
-            # DESIGN's rule (the least important, latest arrival) unless preemption is
-            # cost-based ("auto"): then equally important candidates are ranked by wasted work
-            waste = self._cost.waste if self._preemption_mode == "auto" else None
-            vi = self.policy.select_victim(running, waste)
-            victim = running.pop(vi)
-            if vi < i:  # already scheduled this step: give its tokens and its output back
-                i -= 1
-                self._give_back(victim, step)
-            self._preempt(victim, step)
-            if victim is req:
-                return None, i
-            new_blocks = self.kv.allocate_slots(req, n)
-            if new_blocks is not None:
-                return new_blocks, i
-
-    def _give_back(self, victim: Request, step: StepState) -> None:
-        rid = victim.request_id
-        n = step.num_scheduled.pop(rid, None)
-        if n is None:
-            return
-        step.budget += n
-        if n == 1 and victim.num_computed_tokens == victim.num_tokens and victim.output_token_ids:
-            step.num_decode -= 1
-        victim.num_computed_tokens -= n  # those tokens will not be computed in this step
-        step.spec.pop(rid, None)
-        self.kv.uncache_uncomputed(victim)  # nor will the blocks they would have filled
-        cached = step.cached_reqs
-        for j in range(len(cached) - 1, -1, -1):
-            if cached[j].request_id == rid:
-                del cached[j]
-                break
-        else:  # an adopted request's first step (_send_adopted): the worker will not hear of it
-            new = step.new_reqs
-            for j in range(len(new) - 1, -1, -1):
-                if new[j].request_id == rid:
-                    del new[j]
-                    self._worker_known.discard(rid)
-                    break
-        for j in range(len(step.reqs) - 1, -1, -1):
-            if step.reqs[j] is victim:
-                if step.samples[j]:
-                    victim.num_output_placeholders -= 1
-                del step.reqs[j]
-                del step.ns[j]
-                del step.samples[j]
-                break
-
-    def _preempt(self, victim: Request, step: StepState) -> None:
-        """Swap (its computed KV to host blocks, progress kept, into the swapped queue) when the
-        mode says so and the host has room; otherwise recompute: free its blocks (full ones stay
-        cached), reset progress, requeue at the head of waiting (keeping arrival and priority)."""
-        rid = victim.request_id
-        del self._running_by_id[rid]
-        self._adopted_unsent.discard(rid)  # unsent, it now returns the way any request does
-        victim.num_preemptions += 1
-        self._num_preemptions += 1
-        step.preempted.add(rid)
-        if (
-            self._preemption_mode != "recompute"
-            and not self._drafts_in_flight(rid)  # its computed count includes unverified drafts
-            and self._cost.prefers_swap(victim)
-        ):
-            pairs = self.kv.swap_out(victim)
-            if pairs is not None:
-                victim.status = RequestStatus.SWAPPED
-                step.swap_out += pairs
-                self._num_swap_outs += 1
-                self.swapped.prepend(victim)
-                return
-        self.kv.free(victim)
-        victim.status = RequestStatus.PREEMPTED
-        victim.num_computed_tokens = 0
-        self.waiting.prepend(victim)
-
-    def _drafts_for_step(self, rows: int) -> int:
-        """The most drafted tokens this step takes with `rows` running requests."""
-        cap = self._spec_max_batch
-        if cap is not None and rows > cap:
-            return 0
-        most = rows * self._max_drafts
-        return most if self._draft_budget is None else self._draft_budget.best(rows, most)
-
     def note_worker_wait(self, step: SchedulerOutput, idle_s: float) -> None:
         """The worker's idle time before `step` (its reply says): before a step with drafts it
         is what verifying costs beyond the forward pass (the batch waited for its tokens)."""
-        if step.spec_token_ids and self._draft_budget is not None:
-            self._draft_budget.waited(idle_s)
-
-    def _awaiting_drafter(self, proposer: Proposer) -> bool:
-        """A running request that will draft has its last token still on its way."""
-        return any(
-            r.num_output_placeholders and drafts_allowed(r) and proposer.active(r)
-            for r in self.running
-        )
-
-    def _drafts_in_flight(self, request_id: str) -> bool:
-        return any(request_id in drafts for drafts in self._spec_inflight.values())
-
-    def _note_computed(self, req: Request, c: int, n: int) -> None:
-        """Recompute accounting when tokens [c, c + n) are scheduled: those below the request's
-        high-water mark are computed again (after a preemption)."""
-        hwm = req.max_computed_tokens
-        if c < hwm:
-            self._num_recomputed += min(c + n, hwm) - c
-        if c + n > hwm:
-            req.max_computed_tokens = c + n
+        self._draft_tracker.worker_waited(step, idle_s)
 
     # ---- introspection ---------------------------------------------------------------------
+    @property
+    def _proposer(self) -> Proposer | None:
+        return self._draft_tracker.proposer
+
+    @_proposer.setter
+    def _proposer(self, proposer: Proposer | None) -> None:  # tests and benches draft their way
+        self._draft_tracker.proposer = proposer
+
+    @property
+    def _worker_known(self) -> set[str]:
+        return self._worker_view.known
+
     def stats(self) -> SchedulerStats:
-        pool = self.kv.pool
-        queries = self._prefix_queries
-        spec = self._spec_counts
-        return SchedulerStats(
+        return collect_stats(
+            self._counters,
+            self._draft_tracker.counts,
+            self.kv,
             num_running=len(self.running),
             num_waiting=len(self.waiting),
-            num_preemptions=self._num_preemptions,
-            kv_usage=pool.usage,
-            prefix_cache_queries=queries,
-            prefix_cache_hits=self._prefix_hits,
-            num_recomputed_tokens=self._num_recomputed,
-            num_free_blocks=pool.num_free_blocks,
-            num_used_blocks=pool.num_used_blocks,
-            num_total_blocks=pool.num_blocks,
-            num_cached_blocks=len(pool.cached),
-            num_steps=self._num_steps,
-            num_prefill_tokens=self._num_prefill_tokens,
-            num_decode_tokens=self._num_decode_tokens,
-            num_scheduled_tokens=self._num_prefill_tokens + self._num_decode_tokens,
-            num_finished=self._num_finished,
-            num_aborted=self._num_aborted,
-            num_shed=self._num_shed,
             num_swapped=len(self.swapped),
-            num_swap_outs=self._num_swap_outs,
-            num_swap_ins=self._num_swap_ins,
-            num_free_host_blocks=self.kv.host_pool.num_free_blocks,
-            num_total_host_blocks=self.kv.host_pool.num_blocks,
-            prefix_cache_hit_rate=self._prefix_hits / queries if queries else 0.0,
-            num_spec_drafts=spec.drafts,
-            num_spec_draft_tokens=spec.draft_tokens,
-            num_spec_accepted_tokens=spec.accepted_tokens,
-            spec_accepted_per_pos=list(spec.accepted_per_pos),
-            spec_draft_time_s=spec.draft_time_s,
-            num_spec_lookups=spec.lookups,
         )

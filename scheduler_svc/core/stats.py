@@ -1,9 +1,42 @@
-"""A snapshot of one Scheduler's counters and gauges (read by metrics and the dashboard)."""
+"""One Scheduler's running totals, and the snapshot of them and its gauges that metrics and the
+dashboard read."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scheduler_svc.core.kv_cache_manager import KVCacheManager
+    from scheduler_svc.core.request import Request
+    from scheduler_svc.core.speculative import SpecCounters
+
+
+@dataclass(slots=True)
+class SchedulerCounters:
+    """Totals since start, added to by the scheduler and its helpers (SchedulerStats names)."""
+
+    num_steps: int = 0
+    num_preemptions: int = 0
+    num_recomputed_tokens: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_finished: int = 0
+    num_aborted: int = 0
+    num_shed: int = 0
+    num_swap_outs: int = 0
+    num_swap_ins: int = 0
+
+    def count_computed(self, request: Request, c: int, n: int) -> None:
+        """Recompute accounting when tokens [c, c + n) are scheduled: those below the request's
+        high-water mark are computed again (after a preemption)."""
+        hwm = request.max_computed_tokens
+        if c < hwm:
+            self.num_recomputed_tokens += min(c + n, hwm) - c
+        if c + n > hwm:
+            request.max_computed_tokens = c + n
 
 
 @dataclass(slots=True)
@@ -53,3 +86,48 @@ class SchedulerStats:
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(SchedulerStats))
+
+
+def collect_stats(
+    counters: SchedulerCounters,
+    spec: SpecCounters,
+    kv: KVCacheManager,
+    *,
+    num_running: int,
+    num_waiting: int,
+    num_swapped: int,
+) -> SchedulerStats:
+    pool = kv.pool
+    queries = counters.prefix_cache_queries
+    return SchedulerStats(
+        num_running=num_running,
+        num_waiting=num_waiting,
+        num_preemptions=counters.num_preemptions,
+        kv_usage=pool.usage,
+        prefix_cache_queries=queries,
+        prefix_cache_hits=counters.prefix_cache_hits,
+        num_recomputed_tokens=counters.num_recomputed_tokens,
+        num_free_blocks=pool.num_free_blocks,
+        num_used_blocks=pool.num_used_blocks,
+        num_total_blocks=pool.num_blocks,
+        num_cached_blocks=len(pool.cached),
+        num_steps=counters.num_steps,
+        num_prefill_tokens=counters.num_prefill_tokens,
+        num_decode_tokens=counters.num_decode_tokens,
+        num_scheduled_tokens=counters.num_prefill_tokens + counters.num_decode_tokens,
+        num_finished=counters.num_finished,
+        num_aborted=counters.num_aborted,
+        num_shed=counters.num_shed,
+        num_swapped=num_swapped,
+        num_swap_outs=counters.num_swap_outs,
+        num_swap_ins=counters.num_swap_ins,
+        num_free_host_blocks=kv.host_pool.num_free_blocks,
+        num_total_host_blocks=kv.host_pool.num_blocks,
+        prefix_cache_hit_rate=counters.prefix_cache_hits / queries if queries else 0.0,
+        num_spec_drafts=spec.drafts,
+        num_spec_draft_tokens=spec.draft_tokens,
+        num_spec_accepted_tokens=spec.accepted_tokens,
+        spec_accepted_per_pos=list(spec.accepted_per_pos),
+        spec_draft_time_s=spec.draft_time_s,
+        num_spec_lookups=spec.lookups,
+    )

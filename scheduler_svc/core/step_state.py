@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from common.messages import CachedRequestData, NewRequestData
 from scheduler_svc.core.request import Request
 
+# steps scheduled and not yet applied that are remembered (async scheduling keeps two in flight):
+# the outputs of older ones never came back
+MAX_STEPS_IN_FLIGHT = 8
+
 
 @dataclass(slots=True)
 class StepState:

@@ -34,10 +34,10 @@ live workers (``measured``, called by the engine after every step):
   plan held such requests back at low load and met fewer of them than FCFS).
 - ``shed_hopeless``: hopeless requests still waiting are ended at once instead
   (FinishReason.SHED), so their clients hear early: in a worker's queue by
-  ``Scheduler._shed_hopeless``, in the service's global queue by the engine.
+  ``Shedder.shed_waiting`` (shedding.py), in the service's global queue by the engine.
 - **seats**: when a feasible (or aged) request waits without a seat and a running request is
   hopeless, the running one gives its seat up (``wants_seat``, ``hopeless_running``,
-  ``Scheduler._unseat_hopeless``): preempted and demoted, or with ``shed_hopeless`` ended.
+  ``Shedder.unseat_running``): preempted and demoted, or with ``shed_hopeless`` ended.
 
 Victims of preemption: first a request outside the feasible set (its loss costs no met
 deadline), then one that would still make its deadline after recomputing (most slack first),

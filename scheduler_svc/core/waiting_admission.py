@@ -10,47 +10,69 @@ their prefix-cache hit (whole blocks, free of budget).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from common.messages import CachedRequestData, NewRequestData
+from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.request import Request, RequestStatus
+from scheduler_svc.core.request_queue import RequestQueue
+from scheduler_svc.core.scheduler_config import SchedulerConfig
+from scheduler_svc.core.stats import SchedulerCounters
 from scheduler_svc.core.step_state import StepState
-
-if TYPE_CHECKING:
-    from scheduler_svc.core.config import SchedulerConfig
-    from scheduler_svc.core.kv_cache_manager import KVCacheManager
-    from scheduler_svc.core.request_queue import RequestQueue
+from scheduler_svc.core.worker_view import WorkerView
 
 _RUNNING = RequestStatus.RUNNING
 
 
-class AdmissionMixin:
-    """Part of Scheduler (kept in its own file): the admission phase of schedule()."""
+class WaitingAdmitter:
+    def __init__(
+        self,
+        *,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        running: list[Request],
+        running_by_id: dict[str, Request],
+        waiting: RequestQueue,
+        swapped: RequestQueue,
+        worker_view: WorkerView,
+        counters: SchedulerCounters,
+    ) -> None:
+        self.config = config
+        self.kv = kv
+        self.running = running
+        self.running_by_id = running_by_id
+        self.waiting = waiting
+        self.swapped = swapped
+        self.worker_view = worker_view
+        self.counters = counters
+        self.block_size = config.block_size
+        self.caching = config.enable_prefix_caching
+        self.threshold = config.long_prefill_token_threshold if config.enable_chunked_prefill else 0
+        self.watermark_blocks = config.watermark_blocks
 
-    config: SchedulerConfig
-    kv: KVCacheManager
-    waiting: RequestQueue
-    swapped: RequestQueue
-    running: list[Request]
-    _running_by_id: dict[str, Request]
-    _worker_known: set[str]
-    _finished_pending: set[str]
-    _block_size: int
-    _caching: bool
-    _threshold: int
-    _watermark_blocks: int
-    _prefix_queries: int
-    _prefix_hits: int
-    _num_swap_ins: int
+    def swapped_head_admitted(self) -> bool:
+        head = self.swapped.peek()
+        return head is not None and self.swapped.policy.admits(head)
 
-    def _note_computed(self, req: Request, c: int, n: int) -> None: ...
+    def has_seat(self, head: Request) -> bool:
+        """Admission would find a seat, the policy's consent and the blocks of its first step
+        for this waiting request (prefix-cache hits not counted: a seat too few is the safe
+        error, it only unseats a request that can no longer count)."""
+        cfg = self.config
+        if len(self.running) >= cfg.max_num_seqs or not self.waiting.policy.admits(head):
+            return False
+        if self.swapped and self.swapped_head_admitted():
+            return False  # the swapped request resumes first
+        n = min(head.num_tokens, cfg.max_num_batched_tokens)
+        if self.threshold:
+            n = min(n, self.threshold)
+        need = -(-n // self.block_size)
+        reserve = self.watermark_blocks if self.running else 0
+        return need + reserve <= self.kv.num_free_blocks
 
-    def _schedule_swapped(self, step: StepState) -> None:
+    def resume_swapped(self, step: StepState) -> None:
         """Resume swapped-out requests (head first) while budget, seats, blocks and the policy
         allow."""
         cfg = self.config
         swapped, running = self.swapped, self.running
-        threshold = self._threshold
+        threshold = self.threshold
         admits = swapped.policy.admits
         budget = step.budget
         while budget > 0 and len(running) < cfg.max_num_seqs and swapped:
@@ -69,40 +91,21 @@ class AdmissionMixin:
                 if not cfg.enable_chunked_prefill and n <= cfg.max_num_batched_tokens:
                     break  # runs whole in a later step
                 n = budget
-            reserve = self._watermark_blocks if running else 0
+            reserve = self.watermark_blocks if running else 0
             pairs = self.kv.swap_in(req, n, reserve)
             if pairs is None:
                 break
             swapped.pop()
             rid = req.request_id
             step.swap_in += pairs
-            self._num_swap_ins += 1
+            self.counters.num_swap_ins += 1
             req.status = _RUNNING
             req.admitted_step = step.step_id
             running.append(req)
-            self._running_by_id[rid] = req
-            if rid in self._worker_known:
-                step.cached_reqs.append(
-                    CachedRequestData(
-                        rid,
-                        self.kv.block_ids(rid),
-                        c,
-                        resumed=True,
-                        new_token_ids=list(req.output_token_ids),
-                    )
-                )
-            else:  # swapped out before the worker heard of it (adopted, preempted at once)
-                self._worker_known.add(rid)
-                step.new_reqs.append(
-                    NewRequestData(
-                        rid,
-                        req.prompt_token_ids,
-                        req.sampling_params,
-                        self.kv.block_ids(rid),
-                        c,
-                        list(req.output_token_ids),
-                    )
-                )
+            self.running_by_id[rid] = req
+            # a request swapped out before the worker heard of it (adopted, preempted at once)
+            # travels as new
+            self.worker_view.send(req, self.kv.block_ids(rid), c, step)
             step.num_scheduled[rid] = n
             step.reqs.append(req)
             step.ns.append(n)
@@ -116,16 +119,16 @@ class AdmissionMixin:
                 step.num_decode += 1
         step.budget = budget
 
-    def _schedule_waiting(self, step: StepState) -> None:
+    def admit_waiting(self, step: StepState) -> None:
         cfg = self.config
         waiting, running, kv = self.waiting, self.running, self.kv
-        bs = self._block_size
+        bs = self.block_size
         chunked = cfg.enable_chunked_prefill
-        threshold = self._threshold
+        threshold = self.threshold
         max_seqs = cfg.max_num_seqs
         max_budget = cfg.max_num_batched_tokens
         max_skips = cfg.max_waiting_skips_per_step
-        finished_pending = self._finished_pending
+        finished_pending = self.worker_view.finished
         admits = waiting.policy.admits
         skipped: list[Request] = []
         budget = step.budget
@@ -159,7 +162,7 @@ class AdmissionMixin:
                         break
                     continue
                 n = budget  # (resumed/migrated) longer than any step: chunk it after all
-            reserve = self._watermark_blocks if running else 0
+            reserve = self.watermark_blocks if running else 0
             if kv.allocate_slots(req, n, hits, reserve) is None:
                 skipped.append(req)  # the pool is full: stop admitting for this step
                 break
@@ -175,34 +178,17 @@ class AdmissionMixin:
         req.admitted_step = step.step_id
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = num_hit
-        if self._caching:
-            self._prefix_queries += total
-            self._prefix_hits += num_hit
+        counters = self.counters
+        if self.caching:
+            counters.prefix_cache_queries += total
+            counters.prefix_cache_hits += num_hit
         self.running.append(req)
-        self._running_by_id[rid] = req
-        block_ids = self.kv.block_ids(rid)
-        if rid in self._worker_known:
-            step.cached_reqs.append(
-                CachedRequestData(
-                    rid, block_ids, num_hit, resumed=True, new_token_ids=list(req.output_token_ids)
-                )
-            )
-        else:
-            self._worker_known.add(rid)
-            step.new_reqs.append(
-                NewRequestData(
-                    rid,
-                    req.prompt_token_ids,
-                    req.sampling_params,
-                    block_ids,
-                    num_hit,
-                    list(req.output_token_ids),
-                )
-            )
+        self.running_by_id[rid] = req
+        self.worker_view.send(req, self.kv.block_ids(rid), num_hit, step)
         step.num_scheduled[rid] = n
         step.reqs.append(req)
         step.ns.append(n)
-        self._note_computed(req, num_hit, n)
+        counters.count_computed(req, num_hit, n)
         req.num_computed_tokens = num_hit + n
         samples = num_hit + n == total
         if samples:
