@@ -40,7 +40,7 @@ from scheduler_svc.core import (  # noqa: E402
     restore_gc,
     tune_gc_for_serving,
 )
-from scheduler_svc.main import SchedulerServer  # noqa: E402
+from splitserve.scheduler_process import SchedulerServer  # noqa: E402
 
 
 def free_port() -> int:
@@ -106,7 +106,7 @@ async def run_point(n_workers: int, args, progress) -> dict:
     )
     server = SchedulerServer(cfg)
     await server.start()
-    # as `splitserve scheduler` does (scheduler_svc/main.py serve()): without it, full
+    # as `splitserve scheduler` does (splitserve/scheduler_process.py serve()): without it, full
     # collections over every live request stall the step loop now and then
     gc_before = None if args.default_gc else tune_gc_for_serving()
     procs = []

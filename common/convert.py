@@ -11,7 +11,8 @@ from common.messages import (
     SchedulerOutput,
     StructuredOutput,
 )
-from common.pb import sampling_pb2, worker_link_pb2
+from common.outcomes import FinishReason
+from common.pb import generation_pb2, sampling_pb2, worker_link_pb2
 
 DEFAULT_MAX_TOKENS = 16
 
@@ -413,3 +414,13 @@ def encode_step_result(
         result.sampled_handles.extend(col_handles)
         result.sampled_token_ids.extend(col_tokens)
     return result
+
+
+FINISH_TO_PB = {
+    None: generation_pb2.FINISH_REASON_UNSPECIFIED,
+    FinishReason.STOP: generation_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH: generation_pb2.FINISH_REASON_LENGTH,
+    FinishReason.ABORT: generation_pb2.FINISH_REASON_ABORT,
+    FinishReason.ERROR: generation_pb2.FINISH_REASON_ERROR,
+}
+FINISH_FROM_PB = {value: reason for reason, value in FINISH_TO_PB.items()}

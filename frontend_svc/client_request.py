@@ -1,4 +1,5 @@
-"""What the service keeps per request beyond the core: the client's stream and its text."""
+"""A request as the front-end keeps it: its text so far, stop strings, pacing and the client's
+stream. The scheduler side keeps its own slim record (scheduler_svc/in_flight.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from dataclasses import dataclass, field
 
 from common.convert import TokenLogprobs
 from common.messages import SamplingParams
-from scheduler_svc.core.request import FinishReason, Request
-from scheduler_svc.detokenizer import IncrementalDetokenizer
+from common.outcomes import FinishReason
+from frontend_svc.detokenizer import IncrementalDetokenizer
 
 
 @dataclass(slots=True)
@@ -122,7 +123,7 @@ class DeltaStream:
 
 
 @dataclass(slots=True, eq=False)
-class RequestState:
+class ClientRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
@@ -142,11 +143,8 @@ class RequestState:
     last_token_time: float | None = None
     finish_time: float | None = None
     finish_reason: FinishReason | None = None
-    wait_timer: asyncio.TimerHandle | None = None
-    core: Request | None = None  # the core request, in the global queue or on a worker
-    inflight_hashes: list[bytes] = field(default_factory=list)  # prefix announced to a worker
     # n > 1: a sibling waits for this request's prompt to be computed (and cached), then
-    # prefills only the partial last block (scheduler_svc/engine.py, "parked")
+    # prefills only the partial last block (the scheduler parks it)
     prefill_after: str | None = None
     # --stream-interval: after the first token, tokens are streamed this many at a time (the
     # rest wait here; the last delta carries whatever waits)
@@ -157,24 +155,6 @@ class RequestState:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-    def to_core_request(self) -> Request:
-        """A core Request carrying everything generated so far (for a first or a new worker)."""
-        return Request(
-            request_id=self.request_id,
-            prompt_token_ids=self.prompt_token_ids,
-            sampling_params=self.params,
-            priority=self.priority,
-            arrival_time=self.arrival_time,
-            eos_token_id=self.eos_token_id,
-            tenant=self.tenant,
-            deadline=self.deadline,
-            ttft_deadline=(
-                None if self.ttft_target_s is None else self.arrival_time + self.ttft_target_s
-            ),
-            tpot_target_s=self.tpot_target_s,
-            output_token_ids=list(self.output_token_ids),
-        )
 
     def push_tokens(
         self,

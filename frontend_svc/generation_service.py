@@ -7,25 +7,16 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from common.convert import FINISH_TO_PB
 from common.logging import get_logger
+from common.outcomes import PriorityChangeError, RequestRejected, error_code
 from common.pb import generation_pb2 as pb
 from common.pb import generation_pb2_grpc as pb_grpc
-from scheduler_svc.admission import error_code
-from scheduler_svc.core import FinishReason, RequestRejected
-from scheduler_svc.engine import ServingEngine
-from scheduler_svc.intake import Intake
-from scheduler_svc.policy_control import PriorityChangeError
-from scheduler_svc.request_state import RequestState, StreamDelta
+from frontend_svc.client_request import ClientRequest, StreamDelta
+from frontend_svc.client_streams import SchedulerClient
+from frontend_svc.intake import Intake
 
 log = get_logger("splitserve.generation")
-
-FINISH_TO_PB = {
-    None: pb.FINISH_REASON_UNSPECIFIED,
-    FinishReason.STOP: pb.FINISH_REASON_STOP,
-    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
-    FinishReason.ABORT: pb.FINISH_REASON_ABORT,
-    FinishReason.ERROR: pb.FINISH_REASON_ERROR,
-}
 
 
 def delta_to_proto(request_id: str, prompt_tokens: int, delta: StreamDelta) -> pb.GenerateResponse:
@@ -47,7 +38,7 @@ def delta_to_proto(request_id: str, prompt_tokens: int, delta: StreamDelta) -> p
     return msg
 
 
-async def _one(state: RequestState) -> AsyncIterator[tuple[int, StreamDelta]]:
+async def _one(state: ClientRequest) -> AsyncIterator[tuple[int, StreamDelta]]:
     queue = state.queue
     while True:
         delta = queue.take_merged(await queue.get())
@@ -56,7 +47,7 @@ async def _one(state: RequestState) -> AsyncIterator[tuple[int, StreamDelta]]:
             return
 
 
-async def _interleaved(states: list[RequestState]) -> AsyncIterator[tuple[int, StreamDelta]]:
+async def _interleaved(states: list[ClientRequest]) -> AsyncIterator[tuple[int, StreamDelta]]:
     """Each sample's deltas as they come, tagged with its index, until every sample ended."""
     waiting = {asyncio.ensure_future(s.queue.get()): i for i, s in enumerate(states)}
     try:
@@ -76,24 +67,24 @@ async def _interleaved(states: list[RequestState]) -> AsyncIterator[tuple[int, S
 
 
 class GenerationService(pb_grpc.GenerationServicer):
-    def __init__(self, engine: ServingEngine, intake: Intake) -> None:
-        self.engine = engine
+    def __init__(self, scheduler: SchedulerClient, intake: Intake) -> None:
+        self.scheduler = scheduler
         self.intake = intake
         self._groups: dict[str, list[str]] = {}  # n > 1 in flight: the first id -> all ids
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):  # noqa: N802
-        submitted: list[RequestState] = []
+        submitted: list[ClientRequest] = []
         try:
             # tokenizing (and compiling a grammar) beside the event loop: other streams go on
             group = await asyncio.to_thread(self.intake.build_group, request)
             for state in group:
-                self.engine.submit(state)
+                self.scheduler.submit(state)
                 submitted.append(state)
         except RequestRejected as exc:
             for state in submitted:  # a group is accepted whole or not at all
-                self.engine.drop(state.request_id)
+                self.scheduler.drop(state.request_id)
             code = error_code(exc)
-            self.engine.observer.on_request_rejected(
+            self.scheduler.observer.on_request_rejected(
                 "overloaded" if code == "RESOURCE_EXHAUSTED" else "invalid"
             )
             retry_after = getattr(exc, "retry_after_s", None)
@@ -140,11 +131,11 @@ class GenerationService(pb_grpc.GenerationServicer):
             for state in submitted:
                 if not state.finished:  # client cancelled or disconnected
                     log.info("request_cancelled", request_id=state.request_id)
-                    self.engine.drop(state.request_id)
+                    self.scheduler.drop(state.request_id)
 
     async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext):  # noqa: N802
         ids = self._groups.get(request.request_id, [request.request_id])
-        if not [request_id for request_id in ids if self.engine.abort(request_id)]:
+        if not [request_id for request_id in ids if self.scheduler.abort(request_id)]:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND, f"no request {request.request_id!r} is in flight"
             )
@@ -152,14 +143,14 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     async def SetPriority(self, request: pb.SetPriorityRequest, context):  # noqa: N802
         try:
-            await self.engine.change_priority(request.request_id, request.priority)
+            await self.scheduler.change_priority(request.request_id, request.priority)
         except PriorityChangeError as exc:
             await context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
         log.info("priority_changed", request_id=request.request_id, priority=request.priority)
         return pb.SetPriorityResponse()
 
     async def GetServerInfo(self, request, context):  # noqa: N802
-        info = self.engine.server_info(self.intake.max_model_len)
+        info = self.scheduler.server_info(self.intake.max_model_len)
         if info is None:
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE, "no scheduler leader is connected; retry later"

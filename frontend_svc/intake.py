@@ -1,4 +1,4 @@
-"""Turn a client's GenerateRequest into a validated RequestState (or a clear rejection)."""
+"""Turn a client's GenerateRequest into a validated ClientRequest (or a clear rejection)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from dataclasses import replace
 from common import structured
 from common.convert import sampling_from_proto
 from common.messages import StructuredOutput
+from common.outcomes import PRIORITY_RANGE, RequestRejected
 from common.pb import generation_pb2 as gen_pb
-from scheduler_svc.core import RequestRejected, validate_sampling_params
-from scheduler_svc.detokenizer import IncrementalDetokenizer
-from scheduler_svc.request_state import RequestState
+from common.sampling_checks import validate_sampling_params
+from frontend_svc.client_request import ClientRequest
+from frontend_svc.detokenizer import IncrementalDetokenizer
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_LEN = 256
 MAX_REQUEST_ID_LEN = 256
 MAX_TENANT_LEN = 128
-PRIORITY_RANGE = (-1_000_000, 1_000_000)  # lower = more important
 MAX_LOGPROBS = 20
 MAX_CHOICES = 16  # n and best_of
 PENALTY_RANGE = (-2.0, 2.0)  # presence and frequency penalties, as OpenAI's API
@@ -169,7 +169,7 @@ class Intake:
             return asked
         return room if default is None else min(default, room)
 
-    def build(self, request: gen_pb.GenerateRequest) -> RequestState:
+    def build(self, request: gen_pb.GenerateRequest) -> ClientRequest:
         self.check_model(request.model)
         if len(request.request_id) > MAX_REQUEST_ID_LEN:
             raise FieldRejected(
@@ -199,14 +199,14 @@ class Intake:
             tpot_target_s=request.tpot_target_s,
         )
 
-    def build_group(self, request: gen_pb.GenerateRequest) -> list[RequestState]:
+    def build_group(self, request: gen_pb.GenerateRequest) -> list[ClientRequest]:
         """The request's n samples (see siblings); one state for n = 0 or 1."""
         if request.n > MAX_CHOICES:
             raise FieldRejected("n", f"n must be in [1, {MAX_CHOICES}]; got {request.n}")
         first = self.build(request)
         return [first] + self.siblings(first, max(1, request.n))
 
-    def siblings(self, first: RequestState, count: int) -> list[RequestState]:
+    def siblings(self, first: ClientRequest, count: int) -> list[ClientRequest]:
         """The other count - 1 samples of `first`'s prompt, ids `{first}-{i}`, with its stop
         strings, text settings, deadline and targets. Each has its own seed stream (seed + i)
         and waits for the first one's prompt to be computed (and cached), so the prompt's KV
@@ -246,7 +246,7 @@ class Intake:
         skip_special_tokens=True,
         ttft_target_s=0.0,
         tpot_target_s=0.0,
-    ) -> RequestState:
+    ) -> ClientRequest:
         if not prompt:
             raise FieldRejected("prompt", "the prompt is empty after tokenization")
         if len(prompt) >= self.max_model_len:
@@ -280,7 +280,7 @@ class Intake:
                 "tenant", f"tenant must be printable and at most {MAX_TENANT_LEN} characters"
             )
         now = time.monotonic()
-        return RequestState(
+        return ClientRequest(
             request_id=request_id,
             prompt_token_ids=prompt,
             params=params,

@@ -17,18 +17,19 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import grpc
 
-from common.client import FINISH_NAMES
-from common.convert import TokenLogprobs, sampling_to_proto
+from common.convert import FINISH_FROM_PB, TokenLogprobs, sampling_to_proto
 from common.link_auth import FRONTEND_ID_METADATA
 from common.logging import get_logger
+from common.outcomes import PriorityChangeError
 from common.pb import frontend_link_pb2 as pb
 from common.pb import frontend_link_pb2_grpc as pb_grpc
 from common.pb import generation_pb2 as gen_pb
+from frontend_svc.client_request import ClientRequest
+from frontend_svc.client_streams import ClientStreams
 from frontend_svc.leader_finder import LeaderFinder
 from frontend_svc.link_tls import LinkTls
 from frontend_svc.observer import FrontendObserver
@@ -48,16 +49,13 @@ class FrontendIdentity:
 
 
 class SchedulerLink:
-    """The engine of a front-end process (the client APIs call submit / drop / abort)."""
+    """The SchedulerClient of a front-end process apart (frontend_svc/client_streams.py)."""
 
     def __init__(
         self,
         identity: FrontendIdentity,
         model_name: str,
         finder: LeaderFinder,
-        finish_reasons: dict[str, Any],
-        rejected_error: type[Exception],
-        priority_error: type[Exception],
         leader_wait_timeout: float = 15.0,
         max_message_bytes: int = 256 * 1024 * 1024,
         tls: LinkTls | None = None,
@@ -65,21 +63,18 @@ class SchedulerLink:
         self.identity = identity
         self.model_name = model_name
         self.finder = finder
-        self.finish_reasons = finish_reasons  # "stop" -> the FinishReason the states take
-        self.rejected_error = rejected_error
-        self.priority_error = priority_error
         self.leader_wait_timeout = leader_wait_timeout
         self.max_message_bytes = max_message_bytes
         self.tls = tls or LinkTls()  # how the leader's internal port is dialled
-        self.requests: dict[str, Any] = {}
         self.observer = FrontendObserver()
         self.observer.watch_leader(model_name, lambda: self.server_info(0))
+        self.streams = ClientStreams(self.observer)
+        self.requests = self.streams.requests
         self.status: pb.ClusterStatus | None = None
         self.epoch = 0
         self.leader_address = ""
         self.connected = asyncio.Event()
         self.num_leader_changes = 0
-        self.stream_interval = 1
         self._outbox: asyncio.Queue[pb.FrontendMessage] | None = None
         self._outage_since: float | None = time.monotonic()
         self._outage_failed = False
@@ -87,14 +82,8 @@ class SchedulerLink:
         self._call: Any = None
 
     # ---- what the client APIs call --------------------------------------------------------
-    def submit(self, state: Any) -> None:
-        if state.request_id in self.requests:
-            raise self.rejected_error(
-                f"request id {state.request_id!r} is already in flight; use a unique id"
-            )
-        self.requests[state.request_id] = state
-        state.set_stream_interval(self.stream_interval)
-        self.observer.on_request_accepted(state)
+    def submit(self, state: ClientRequest) -> None:
+        self.streams.add(state)
         if self._outage_failed:
             self._fail(state, self._outage_sentence())
             return
@@ -116,7 +105,7 @@ class SchedulerLink:
 
     async def change_priority(self, request_id: str, priority: int) -> None:
         if not self.connected.is_set():
-            raise self.priority_error("UNAVAILABLE", self._outage_sentence())
+            raise PriorityChangeError("UNAVAILABLE", self._outage_sentence())
         async with self.tls.channel(self.leader_address) as channel:
             stub = pb_grpc.FrontendLinkStub(channel)
             try:
@@ -126,7 +115,7 @@ class SchedulerLink:
                     metadata=((FRONTEND_ID_METADATA, self.identity.frontend_id),),
                 )
             except grpc.aio.AioRpcError as exc:
-                raise self.priority_error(exc.code().name, exc.details()) from None
+                raise PriorityChangeError(exc.code().name, exc.details()) from None
 
     def server_info(self, max_model_len: int) -> gen_pb.ServerInfo | None:
         """The leader's ServerInfo as of its last status; None while no leader answers."""
@@ -134,17 +123,15 @@ class SchedulerLink:
             return None
         return self.status.server_info
 
-    @property
-    def sessions(self) -> dict[str, SimpleNamespace]:
-        """The leader's workers as of its last status (for /ready)."""
+    def live_workers(self) -> list[str]:
+        """The leader's workers that take requests, as of its last status (for /ready)."""
         if not self.connected.is_set() or self.status is None:
-            return {}
-        return {
-            w.worker_id: SimpleNamespace(
-                worker_id=w.worker_id, lost=w.state == "lost", draining=w.state == "draining"
-            )
+            return []
+        return [
+            w.worker_id
             for w in self.status.server_info.workers
-        }
+            if w.state not in ("lost", "draining")
+        ]
 
     # ---- the link -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -291,58 +278,32 @@ class SchedulerLink:
                     self._apply(update, now)
             elif kind == "status":
                 self.status = msg.status
-                self._pace(msg.status.stream_interval)
+                self.streams.set_stream_interval(msg.status.stream_interval)
 
     def _apply(self, update: pb.RequestUpdate, now: float) -> None:
-        request_id = update.request_id
-        state = self.requests.get(request_id)
-        if state is None:
-            return
-        if update.error or update.finish_reason == gen_pb.FINISH_REASON_ERROR:
-            self.requests.pop(request_id, None)
-            state.fail(update.error or "the request failed", update.error_code)
-            return
-        have = len(state.output_token_ids)
-        if update.start > have:  # never expected: the leader lost tokens this client lacks
-            self.requests.pop(request_id, None)
-            self._cancel(request_id)
-            state.fail(f"tokens {have}..{update.start - 1} never arrived", "INTERNAL")
-            return
-        skip = have - update.start
-        token_ids = list(update.token_ids)[skip:]
         logprobs = None
         if update.logprobs:
             logprobs = [
                 TokenLogprobs(lp.token_id, lp.logprob, [(t.token_id, t.logprob) for t in lp.top])
                 for lp in update.logprobs
-            ][skip:]
-        finish_name = FINISH_NAMES.get(update.finish_reason)
-        finish = self.finish_reasons[finish_name] if finish_name else None
-        if update.worker_id:
-            state.worker_id = update.worker_id
-        if not token_ids and finish is None:
-            return
-        stopped = state.push_tokens(token_ids, finish, update.stop_reason or None, logprobs, now)
-        if token_ids:
-            self.observer.on_tokens(state, len(token_ids), now)
-        if stopped:
-            self.requests.pop(request_id, None)
-            self._cancel(request_id)
-        elif state.finished:
-            self.requests.pop(request_id, None)
-        if state.finished:
-            self.observer.on_request_finished(state)
-
-    def _pace(self, interval: int) -> None:
-        """The leader's --stream-interval (adaptive: it grows while the scheduler falls
-        behind), applied to this front-end's client streams as the embedded front-end does."""
-        if interval and interval != self.stream_interval:
-            self.stream_interval = interval
-            for state in self.requests.values():
-                state.set_stream_interval(interval)
+            ]
+        ended_here = self.streams.apply(
+            update.request_id,
+            update.start,
+            list(update.token_ids),
+            FINISH_FROM_PB.get(update.finish_reason),
+            update.stop_reason,
+            logprobs,
+            update.error,
+            update.error_code,
+            update.worker_id,
+            now,
+        )
+        if ended_here:
+            self._cancel(update.request_id)
 
     # ---- helpers --------------------------------------------------------------------------
-    def _submit_message(self, state: Any) -> pb.SubmitRequest:
+    def _submit_message(self, state: ClientRequest) -> pb.SubmitRequest:
         now = time.monotonic()
         deadline_left = 0.0
         if state.deadline is not None:
@@ -387,13 +348,10 @@ class SchedulerLink:
             return
         self._outage_failed = True
         log.warning("no_leader", waited_s=self.leader_wait_timeout, failed=len(self.requests))
-        for state in list(self.requests.values()):
-            self._fail(state, self._outage_sentence())
+        self.streams.fail_all(self._outage_sentence(), "UNAVAILABLE")
 
-    def _fail(self, state: Any, sentence: str) -> None:
-        self.requests.pop(state.request_id, None)
-        state.fail(sentence, "UNAVAILABLE")
-        self.observer.on_request_finished(state)
+    def _fail(self, state: ClientRequest, sentence: str) -> None:
+        self.streams.fail(state, sentence, "UNAVAILABLE")
 
 
 def _describe(exc: BaseException) -> str:

@@ -10,22 +10,9 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from scheduler_svc.core import RequestRejected
+from common.outcomes import Overloaded, RequestRejected
 
-
-class Overloaded(RequestRejected):
-    """The server cannot take this request now; retrying later may work."""
-
-    code = "RESOURCE_EXHAUSTED"
-
-    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-def error_code(exc: RequestRejected) -> str:
-    """The gRPC status name a rejection maps to."""
-    return getattr(exc, "code", "INVALID_ARGUMENT")
+__all__ = ["AdmissionControl", "Overloaded", "parse_tenant_seconds", "parse_tenants"]
 
 
 def parse_tenants(spec: str) -> dict[str, float]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from common.convert import TokenLogprobs
 from common.logging import get_logger
-from scheduler_svc import cluster_view, placement
+from scheduler_svc import cluster_view, placement, worker_limits
 from scheduler_svc.admission import AdmissionControl, parse_tenant_seconds, parse_tenants
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.core import (
@@ -29,7 +29,6 @@ from scheduler_svc.core import (
     RequestOutput,
     RequestRejected,
     Scheduler,
-    SchedulerConfig,
     SchedulerOutput,
     SchedulerStats,
     create_policy,
@@ -38,9 +37,9 @@ from scheduler_svc.core import (
 )
 from scheduler_svc.core.remaining_work import StepFit
 from scheduler_svc.core.speculative import SpeculativeConfig
+from scheduler_svc.in_flight import InFlightRequest
 from scheduler_svc.observer import EngineObserver
 from scheduler_svc.policy_control import set_priority
-from scheduler_svc.request_state import RequestState
 from scheduler_svc.slo import SloAdmission
 from scheduler_svc.stream_pacing import StreamPacer
 from scheduler_svc.worker_session import (
@@ -62,7 +61,7 @@ class ServingEngine:
         self.vocab_size = vocab_size
         self.policy = create_policy(config.scheduling_policy, **policy_options(config))
         self.waiting = create_request_queue(self.policy)  # global, core Requests
-        self.requests: dict[str, RequestState] = {}
+        self.requests: dict[str, InFlightRequest] = {}
         self.sessions: dict[str, WorkerSession] = {}
         self.num_finished = 0
         self.worker_attached = asyncio.Event()
@@ -79,13 +78,15 @@ class ServingEngine:
         self.tenant_tpot = parse_tenant_seconds(config.tenant_tpot_targets, "--tenant-tpot-targets")
         self._speculative = SpeculativeConfig.from_flag(config.speculative_config)
         self.frontends: dict[str, Any] = {}  # front-end id -> its FrontendSession (remote ones)
+        # the in-process front-end's streams follow the adaptive --stream-interval through these
+        self.pacing_listeners: list[Callable[[int], None]] = []
         # a new leader rebuilding (scheduler_svc/takeover.py): nothing is dispatched until the
         # workers and front-ends of the old leader have reported what they hold
         self.rebuilding = False
-        self._resumed: list[RequestState] = []  # reported by front-ends during the rebuild
+        self._resumed: list[InFlightRequest] = []  # reported by front-ends during the rebuild
         self._held: dict[str, tuple[WorkerSession, Any]] = {}  # request id -> worker row
         self.may_act: Callable[[], bool] = lambda: True  # False once leadership is lost
-        self._parked: dict[str, list[RequestState]] = {}  # first of a group -> its siblings
+        self._parked: dict[str, list[InFlightRequest]] = {}  # first of a group -> its siblings
         self.placement = placement.PlacementConfig(
             min_prefix_tokens=config.placement_min_prefix_tokens,
             balance_abs=config.placement_balance_abs,
@@ -93,7 +94,7 @@ class ServingEngine:
         )
 
     # ---- requests -------------------------------------------------------------------------
-    def submit(self, state: RequestState) -> None:
+    def submit(self, state: InFlightRequest) -> None:
         """Accept a validated request. Raises RequestRejected when it can never run."""
         if self.owner(state.request_id) is not None:
             raise RequestRejected(
@@ -116,7 +117,6 @@ class ServingEngine:
         self.slo.check(request, [self.waiting], [s.scheduler for s in live])
         self.requests[state.request_id] = state
         state.core = request
-        state.set_stream_interval(self.pacer.interval)
         self.observer.on_request_accepted(state)
         first = self.requests.get(state.prefill_after or "")
         if first is not None and first.first_token_time is None and first is not state:
@@ -127,7 +127,7 @@ class ServingEngine:
         self._await_worker(state)
         self._dispatch()
 
-    def resume(self, states: list[RequestState]) -> int:
+    def resume(self, states: list[InFlightRequest]) -> int:
         """Requests a front-end had in flight when it (re)connected, with the tokens its
         clients already have: no admission checks (they were admitted once). During a takeover
         they wait for the rebuild; otherwise each continues on the KV its worker still holds
@@ -147,7 +147,7 @@ class ServingEngine:
         state = self.requests.get(request_id)
         if state is None:
             state = next((s for s in self._resumed if s.request_id == request_id), None)
-        return None if state is None else getattr(state, "frontend_id", "")
+        return None if state is None else state.frontend_id
 
     def begin_rebuild(self) -> None:
         self.rebuilding = True
@@ -169,14 +169,13 @@ class ServingEngine:
             session.wakeup.set()
         return len(states), adopted, recomputed
 
-    def _place_resumed(self, states: list[RequestState]) -> int:
+    def _place_resumed(self, states: list[InFlightRequest]) -> int:
         adopted = 0
-        queued: list[RequestState] = []
+        queued: list[InFlightRequest] = []
         for state in states:
             request = state.to_core_request()
             state.core = request
             self.requests[state.request_id] = state
-            state.set_stream_interval(self.pacer.interval)
             self.observer.on_request_accepted(state)
             if self._adopt(state, request):
                 adopted += 1
@@ -190,7 +189,7 @@ class ServingEngine:
         self._dispatch()
         return adopted
 
-    def _adopt(self, state: RequestState, request) -> bool:
+    def _adopt(self, state: InFlightRequest, request) -> bool:
         """Continue on the worker row that holds this request's KV (no recompute), when one
         reported it and its blocks fit the new leader's accounting."""
         session, row = self._held.pop(state.request_id, (None, None))
@@ -215,7 +214,7 @@ class ServingEngine:
     def _live_sessions(self) -> list[WorkerSession]:
         return [s for s in self.sessions.values() if not s.lost]
 
-    def _impossible_token(self, state: RequestState) -> str:
+    def _impossible_token(self, state: InFlightRequest) -> str:
         """Token ids from outside this process (a front-end's prompt; after a takeover, the
         tokens a client already has, which an older leader took from a worker) must be inside
         the vocabulary: a single one outside fails every step of the worker it is sent to."""
@@ -227,7 +226,7 @@ class ServingEngine:
                 )
         return ""
 
-    def _fail_impossible(self, state: RequestState) -> bool:
+    def _fail_impossible(self, state: InFlightRequest) -> bool:
         impossible = self._impossible_token(state)
         if impossible:
             state.fail(impossible, code="INVALID_ARGUMENT")
@@ -237,7 +236,7 @@ class ServingEngine:
     def _accepting(self) -> bool:
         return any(s.accepting for s in self.sessions.values())
 
-    def _await_worker(self, state: RequestState) -> None:
+    def _await_worker(self, state: InFlightRequest) -> None:
         """A request just queued: with no worker to take it, it fails after the timeout."""
         if not self._accepting():
             self._start_wait_timer(state)
@@ -252,18 +251,18 @@ class ServingEngine:
             if state is not None:
                 self._start_wait_timer(state)
 
-    def _start_wait_timer(self, state: RequestState) -> None:
+    def _start_wait_timer(self, state: InFlightRequest) -> None:
         if state.wait_timer is None:
             state.wait_timer = asyncio.get_running_loop().call_later(
                 self.config.worker_wait_timeout, self._expire_waiting, state
             )
 
-    def _cancel_wait_timer(self, state: RequestState) -> None:
+    def _cancel_wait_timer(self, state: InFlightRequest) -> None:
         if state.wait_timer is not None:
             state.wait_timer.cancel()
             state.wait_timer = None
 
-    def _expire_waiting(self, state: RequestState) -> None:
+    def _expire_waiting(self, state: InFlightRequest) -> None:
         state.wait_timer = None
         request_id = state.request_id
         if self.requests.get(request_id) is not state or state.worker_id is not None:
@@ -281,12 +280,13 @@ class ServingEngine:
         if self.rebuilding:
             return
         depth = self.config.worker_queue_depth
-        limit = self.config.max_num_seqs + depth
         while self.waiting:
-            eligible = [
+            eligible = [  # each within its own rows (the smaller of ours and the worker's)
                 s
                 for s in self.sessions.values()
-                if s.accepting and len(s.scheduler.waiting) < depth and s.load < limit
+                if s.accepting
+                and len(s.scheduler.waiting) < depth
+                and s.load < s.scheduler.config.max_num_seqs + depth
             ]
             if not eligible:
                 return
@@ -319,7 +319,7 @@ class ServingEngine:
                 migrations=state.num_migrations,
             )
 
-    def _leave_session(self, state: RequestState) -> WorkerSession | None:
+    def _leave_session(self, state: InFlightRequest) -> WorkerSession | None:
         """Detach the request from its worker's bookkeeping (not from the core scheduler)."""
         session = self.sessions.get(state.worker_id or "")
         state.worker_id = None
@@ -352,7 +352,7 @@ class ServingEngine:
             request.mark_shed(self.policy.missed_target(request))
             self._shed(request)
 
-    def _end(self, state: RequestState) -> None:
+    def _end(self, state: InFlightRequest) -> None:
         """Bookkeeping once a request's stream has its last message."""
         self.requests.pop(state.request_id, None)
         if state.request_id in self._parked:
@@ -388,7 +388,7 @@ class ServingEngine:
                 self._await_worker(sibling)
         self._dispatch()
 
-    def _release(self, state: RequestState) -> None:
+    def _release(self, state: InFlightRequest) -> None:
         self.waiting.remove(state.request_id)
         parked = self._parked.get(state.prefill_after or "")
         if parked and state in parked:
@@ -399,7 +399,7 @@ class ServingEngine:
             session.wakeup.set()
         self._dispatch()
 
-    def _requeue(self, state: RequestState, reason: str) -> None:
+    def _requeue(self, state: InFlightRequest, reason: str) -> None:
         """Back to the head of the global queue with the tokens it has (a lost or leaving
         worker); fails it once it has moved more than max_migrations times."""
         state.num_migrations += 1
@@ -421,23 +421,7 @@ class ServingEngine:
         old = self.sessions.get(registration.worker_id)
         if old is not None:
             self.detach(old, "replaced by a new connection with the same worker id")
-        cfg = self.config
-        sched_cfg = SchedulerConfig(
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            max_num_seqs=cfg.max_num_seqs,
-            block_size=registration.block_size,
-            num_blocks=registration.num_device_blocks,
-            num_host_blocks=registration.num_host_blocks,
-            watermark=cfg.watermark,
-            policy=cfg.scheduling_policy,
-            preemption_mode=cfg.preemption_mode,
-            enable_chunked_prefill=cfg.enable_chunked_prefill,
-            enable_prefix_caching=cfg.enable_prefix_caching,
-            max_model_len=min(cfg.max_model_len, registration.max_model_len),
-            long_prefill_token_threshold=cfg.long_prefill_token_threshold,
-            worker_costs=registration.costs,
-            speculative=self._speculative,
-        )
+        sched_cfg = worker_limits.scheduler_config(self.config, registration, self._speculative)
         # every worker's local queue orders with the engine's policy object, so policy state
         # (aging, per-tenant service) is global
         local_queue = create_request_queue(self.policy)
@@ -594,9 +578,10 @@ class ServingEngine:
         self.policy.measured(StepFit(*steps.coefficients()), batch, max(1, workers))
 
     def _set_stream_interval(self, interval: int) -> None:
-        """Adaptive --stream-interval: every stream from now on."""
-        for state in self.requests.values():
-            state.set_stream_interval(interval)
+        """Adaptive --stream-interval: every stream from now on (front-ends apart learn it
+        from the cluster status)."""
+        for listener in self.pacing_listeners:
+            listener(interval)
         log.info(
             "stream_interval_changed",
             interval=interval,
@@ -626,8 +611,8 @@ class ServingEngine:
         requests = self.requests
         worker_id = session.worker_id
         get_logprobs = logprobs.get if logprobs else None
-        delivered: list[tuple[RequestState, int]] = []
-        ended: list[RequestState] = []
+        delivered: list[tuple[InFlightRequest, int]] = []
+        ended: list[InFlightRequest] = []
         for output in outputs:
             request_id = output.request_id
             state = requests.get(request_id)

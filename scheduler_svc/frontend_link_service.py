@@ -13,19 +13,17 @@ from collections.abc import Callable
 
 import grpc
 
-from common.convert import TokenLogprobs
+from common.convert import FINISH_TO_PB, TokenLogprobs
 from common.link_auth import FRONTEND_ID_METADATA
 from common.logging import get_logger
+from common.outcomes import FinishReason, PriorityChangeError, RequestRejected, error_code
 from common.pb import frontend_link_pb2 as pb
 from common.pb import frontend_link_pb2_grpc as pb_grpc
 from common.pb import generation_pb2 as gen_pb
-from scheduler_svc.admission import error_code
 from scheduler_svc.cluster_view import SchedulerRole, cluster_status
-from scheduler_svc.core import FinishReason, RequestRejected
 from scheduler_svc.engine import ServingEngine
-from scheduler_svc.generation_service import FINISH_TO_PB
-from scheduler_svc.policy_control import PriorityChangeError, set_priority
-from scheduler_svc.remote_request import RemoteRequest, remote_request
+from scheduler_svc.in_flight import InFlightRequest, from_submit
+from scheduler_svc.policy_control import set_priority
 
 log = get_logger("splitserve.frontend_link")
 HELLO_TIMEOUT_S = 30.0
@@ -59,11 +57,11 @@ class FrontendSession:
         error_code: str = "",
         worker_id: str = "",
         retry_after_s: float = 0.0,
-    ) -> None:
+    ) -> bool:
         """Queue one request's news; everything queued in one turn of the loop (a step's
-        deliveries) leaves as one message."""
+        deliveries) leaves as one message. Stop strings are the front-end's: it cancels."""
         if self.closed:
-            return
+            return False
         if self._batch is None:
             self._batch = pb.TokenBatch()
             asyncio.get_running_loop().call_soon(self._flush)
@@ -84,6 +82,7 @@ class FrontendSession:
                 entry.top.add(token_id=tok, logprob=value)
         if finish_reason is not None:
             self.request_ids.discard(request_id)
+        return False
 
     def _flush(self) -> None:
         batch, self._batch = self._batch, None
@@ -199,9 +198,9 @@ class FrontendLinkService(pb_grpc.FrontendLinkServicer):
             mine[msg.request_id] = msg
         return list(mine.values())
 
-    def _build(self, msg: pb.SubmitRequest, session: FrontendSession) -> RemoteRequest | None:
+    def _build(self, msg: pb.SubmitRequest, session: FrontendSession) -> InFlightRequest | None:
         try:
-            return remote_request(msg, session, session.frontend_id)
+            return from_submit(msg, session, session.frontend_id)
         except RequestRejected as exc:
             session.add_update(
                 msg.request_id,
@@ -269,7 +268,7 @@ class FrontendLinkService(pb_grpc.FrontendLinkServicer):
             del engine.frontends[session.frontend_id]
         for request_id in list(session.request_ids):
             state = engine.requests.get(request_id)
-            if isinstance(state, RemoteRequest) and state.sink is session:
+            if isinstance(state, InFlightRequest) and state.sink is session:
                 engine.drop(request_id)
         session.request_ids.clear()
         log.info("frontend_detached", frontend_id=session.frontend_id, reason=reason)

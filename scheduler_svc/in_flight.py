@@ -1,17 +1,23 @@
-"""A request that a front-end process sent over its FrontendLink: the engine streams its tokens
-as ids into the link's next TokenBatch instead of detokenizing them here (the front-end owns
-detokenization, stop strings and the client's stream)."""
+"""The scheduler's record of a request in flight: the core request, what it has generated, and
+where its updates go (its front-end's sink). Text, stop strings and client streams are the
+front-end's (frontend_svc/): the scheduler sends token ids and finish reasons, nothing else.
+
+A sink is a FrontendSession (a front-end process over the FrontendLink) or the in-process
+front-end of the embedded mode (splitserve/embedded.py); the engine cannot tell them apart.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from common.convert import TokenLogprobs, sampling_from_proto
+from common.messages import SamplingParams
+from common.outcomes import FinishReason
 from common.pb import frontend_link_pb2 as pb
-from scheduler_svc.core import FinishReason, validate_sampling_params
-from scheduler_svc.request_state import RequestState
+from scheduler_svc.core import Request, validate_sampling_params
 
 
 class UpdateSink(Protocol):
@@ -26,13 +32,62 @@ class UpdateSink(Protocol):
         error: str = "",
         error_code: str = "",
         worker_id: str = "",
-    ) -> None: ...
+    ) -> bool:
+        """One request's news; `start` is the index of its first token in the output. Returns
+        True when the front-end ended the request there (a stop string): the scheduler frees
+        it as stopped. A sink that learns of stop strings later returns False and cancels."""
+        ...
 
 
 @dataclass(slots=True, eq=False)
-class RemoteRequest(RequestState):
-    sink: UpdateSink | None = None
-    frontend_id: str = ""
+class InFlightRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    sink: UpdateSink
+    frontend_id: str = ""  # "" for the front-end inside this process
+    priority: int = 0
+    tenant: str | None = None
+    deadline: float | None = None
+    ttft_target_s: float | None = None  # seconds from arrival to the first token, at most
+    tpot_target_s: float | None = None  # mean seconds between output tokens, at most
+    eos_token_id: int | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    worker_id: str | None = None
+    num_migrations: int = 0
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finish_time: float | None = None
+    finish_reason: FinishReason | None = None
+    wait_timer: asyncio.TimerHandle | None = None
+    core: Request | None = None  # the core request, in the global queue or on a worker
+    inflight_hashes: list[bytes] = field(default_factory=list)  # prefix announced to a worker
+    # n > 1: a sibling waits for this request's prompt to be computed (and cached), then
+    # prefills only the partial last block (the engine parks it)
+    prefill_after: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def to_core_request(self) -> Request:
+        """A core Request carrying everything generated so far (for a first or a new worker)."""
+        return Request(
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_token_ids,
+            sampling_params=self.params,
+            priority=self.priority,
+            arrival_time=self.arrival_time,
+            eos_token_id=self.eos_token_id,
+            tenant=self.tenant,
+            deadline=self.deadline,
+            ttft_deadline=(
+                None if self.ttft_target_s is None else self.arrival_time + self.ttft_target_s
+            ),
+            tpot_target_s=self.tpot_target_s,
+            output_token_ids=list(self.output_token_ids),
+        )
 
     def push_tokens(
         self,
@@ -42,6 +97,8 @@ class RemoteRequest(RequestState):
         logprobs: list[TokenLogprobs] | None,
         now: float | None = None,
     ) -> bool:
+        """Record tokens and send them on. Returns True when the front-end ended the request
+        with a stop string (it is then finished, as stopped)."""
         if self.finish_reason is not None:
             return False
         start = len(self.output_token_ids)
@@ -55,8 +112,7 @@ class RemoteRequest(RequestState):
             return False
         if finish_reason is not None:
             self.finish_reason = finish_reason
-        assert self.sink is not None
-        self.sink.add_update(
+        stopped = self.sink.add_update(
             self.request_id,
             start,
             token_ids,
@@ -65,16 +121,29 @@ class RemoteRequest(RequestState):
             logprobs,
             worker_id=self.worker_id or "",
         )
-        return False  # stop strings are the front-end's: it cancels the request
+        if stopped and self.finish_reason is None:
+            self.finish_reason = FinishReason.STOP
+        return stopped
 
     def push_token(self, token_ids: list[int], now: float) -> bool:
-        return self.push_tokens(token_ids, None, None, None, now)
+        """push_tokens for the step loop's usual case: one token, the request goes on."""
+        if self.finish_reason is not None:
+            return False
+        output_token_ids = self.output_token_ids
+        start = len(output_token_ids)
+        output_token_ids.append(token_ids[0])
+        self.last_token_time = now
+        if self.first_token_time is None:
+            self.first_token_time = now
+        if self.sink.add_update(self.request_id, start, token_ids, worker_id=self.worker_id or ""):
+            self.finish_reason = FinishReason.STOP
+            return True
+        return False
 
     def fail(self, message: str, code: str = "") -> None:
         if self.finished:
             return
         self.finish_reason = FinishReason.ERROR
-        assert self.sink is not None
         self.sink.add_update(
             self.request_id,
             len(self.output_token_ids),
@@ -88,26 +157,23 @@ class RemoteRequest(RequestState):
         if self.finished:
             return
         self.finish_reason = FinishReason.ABORT
-        assert self.sink is not None
         self.sink.add_update(self.request_id, len(self.output_token_ids), [], FinishReason.ABORT)
 
-    def set_stream_interval(self, interval: int) -> None:
-        """Each step's tokens go out in one TokenBatch per front-end; the front-end paces."""
 
-
-def remote_request(
+def from_submit(
     msg: pb.SubmitRequest, sink: UpdateSink, frontend_id: str, now: float | None = None
-) -> RemoteRequest:
+) -> InFlightRequest:
     """The engine's record of a submitted (or, after a takeover, resubmitted) request.
     Raises RequestRejected on sampling parameters the core refuses (never trust the wire)."""
     params, _ = sampling_from_proto(msg.sampling)
     validate_sampling_params(params)
     now = time.monotonic() if now is None else now
-    return RemoteRequest(
+    return InFlightRequest(
         request_id=msg.request_id,
         prompt_token_ids=list(msg.prompt_token_ids),
         params=params,
-        detokenizer=None,  # type: ignore[arg-type]
+        sink=sink,
+        frontend_id=frontend_id,
         priority=msg.priority,
         tenant=msg.tenant or None,
         deadline=now + msg.deadline_left_s if msg.deadline_left_s > 0 else None,
@@ -119,6 +185,4 @@ def remote_request(
         prefill_after=msg.prefill_after or None,
         ttft_target_s=msg.ttft_target_s if msg.ttft_target_s > 0 else None,
         tpot_target_s=msg.tpot_target_s if msg.tpot_target_s > 0 else None,
-        sink=sink,
-        frontend_id=frontend_id,
     )

@@ -25,7 +25,7 @@ from scheduler_svc.spec_metrics import SpecDecodeCollector
 if TYPE_CHECKING:
     from scheduler_svc.core import SchedulerOutput
     from scheduler_svc.engine import ServingEngine
-    from scheduler_svc.request_state import RequestState
+    from scheduler_svc.in_flight import InFlightRequest
     from scheduler_svc.worker_session import StepReply, WorkerSession
 
 P = "splitserve:"
@@ -457,7 +457,7 @@ class MetricsObserver(EngineObserver):
         self.registry.register(SpecDecodeCollector(engine))
 
     # ---- hooks ----------------------------------------------------------------------------
-    def on_request_accepted(self, state: RequestState) -> None:
+    def on_request_accepted(self, state: InFlightRequest) -> None:
         self._not_scheduled[state.request_id] = state.arrival_time
 
     def on_request_rejected(self, reason: str) -> None:
@@ -477,7 +477,7 @@ class MetricsObserver(EngineObserver):
                 if arrival is not None:
                     self.queue_time.observe(max(0.0, scheduled_at - arrival))
 
-    def on_tokens_batch(self, deliveries: list[tuple[RequestState, int]], now: float) -> None:
+    def on_tokens_batch(self, deliveries: list[tuple[InFlightRequest, int]], now: float) -> None:
         """The same counts as on_tokens for each delivery, with one counter update per step
         and one histogram update per distinct inter-token latency (a worker's requests mostly
         share their previous delivery time: the previous step)."""
@@ -499,7 +499,7 @@ class MetricsObserver(EngineObserver):
         for previous, count in gaps.items():
             observe_many(self.itl, now - previous, count)
 
-    def on_tokens(self, state: RequestState, num_new: int, now: float) -> None:
+    def on_tokens(self, state: InFlightRequest, num_new: int, now: float) -> None:
         self.generation_tokens.inc(num_new)
         request_id = state.request_id
         previous = self._last_delivery.get(request_id)
@@ -510,7 +510,7 @@ class MetricsObserver(EngineObserver):
             self.ttft.observe(now - state.arrival_time)
             self.prompt_tokens.inc(len(state.prompt_token_ids))
 
-    def on_request_finished(self, state: RequestState) -> None:
+    def on_request_finished(self, state: InFlightRequest) -> None:
         request_id = state.request_id
         self._not_scheduled.pop(request_id, None)
         self._last_delivery.pop(request_id, None)
@@ -540,7 +540,7 @@ class MetricsObserver(EngineObserver):
         if n > 1 and first is not None and last is not None:
             self.tpot.observe((last - first) / (n - 1))
 
-    def _count_deadline(self, state: RequestState, met: bool) -> None:
+    def _count_deadline(self, state: InFlightRequest, met: bool) -> None:
         labels = (state.tenant or "", str(state.priority))
         counts = self._deadline_counts.setdefault(labels, [0, 0])
         counts[0] += met

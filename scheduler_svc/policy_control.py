@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from common.outcomes import PRIORITY_RANGE, PriorityChangeError
 from scheduler_svc.core import FIFORequestQueue, RequestStatus
-from scheduler_svc.intake import PRIORITY_RANGE
 
 
 class QueuesView(Protocol):
@@ -16,14 +16,6 @@ class QueuesView(Protocol):
     requests: dict[str, Any]
     waiting: Any
     sessions: dict[str, Any]
-
-
-class PriorityChangeError(Exception):
-    """Why a priority could not be changed; ``code`` is a grpc.StatusCode name."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def set_priority(engine: QueuesView, request_id: str, priority: int) -> None:

@@ -18,7 +18,7 @@ def _scheduler_parser(sub) -> None:
 
 
 def _frontend_parser(sub) -> None:
-    from splitserve.frontend import FrontendConfig
+    from frontend_svc.config import FrontendConfig
 
     p = sub.add_parser(
         "frontend", help="run the client APIs (HTTP, gRPC) in front of the leader scheduler"
@@ -41,7 +41,7 @@ def _worker_parser(sub) -> None:
     p = sub.add_parser("worker", help="run a model worker that dials the scheduler")
     add_dataclass_args(p, WorkerLinkConfig)
     add_dataclass_args(p, ModelRunnerConfig)
-    add_dataclass_args(p, SimConfig)
+    add_dataclass_args(p, SimConfig, heading="simulation")
     p.add_argument(
         "--print-capabilities",
         action="store_true",
@@ -56,42 +56,43 @@ def _up_parser(sub) -> None:
     p = sub.add_parser(
         "up", help="start a scheduler and N workers on this machine, restart a worker that dies"
     )
-    p.add_argument("--workers", type=int, default=1, help="number of workers")
-    p.add_argument(
+    own = p.add_argument_group("processes")
+    own.add_argument("--workers", type=int, default=1, help="number of workers")
+    own.add_argument(
         "--schedulers",
         type=int,
         default=1,
         help="schedulers: one leads, the others stand by (2 or more start a local etcd "
         "unless --etcd names one, and at least one front-end)",
     )
-    p.add_argument(
+    own.add_argument(
         "--frontends",
         type=int,
         default=0,
         help="front-end processes sharing --port and --http-port (0 = the scheduler serves "
         "clients itself)",
     )
-    p.add_argument("--etcd-port", type=int, default=2379, help="port of the local etcd")
-    p.add_argument(
+    own.add_argument("--etcd-port", type=int, default=2379, help="port of the local etcd")
+    own.add_argument(
         "--worker-arg",
         action="append",
         default=[],
         help="extra flag for every worker, e.g. --worker-arg=--num-gpu-blocks=512",
     )
-    p.add_argument(
+    own.add_argument(
         "--demo",
         default=None,
         metavar="PROMPT",
         help="once a worker is attached, send PROMPT and print the answer",
     )
-    p.add_argument(
+    own.add_argument(
         "--state-dir",
         default=None,
         help="where `up` keeps the cluster's credentials (made on first start, mode 0600) "
         "[env SPLITSERVE_STATE_DIR; default $XDG_STATE_HOME/splitserve, "
         "~/.local/state/splitserve]",
     )
-    add_dataclass_args(p, SupervisorConfig)
+    add_dataclass_args(p, SupervisorConfig, heading="supervisor")
     add_dataclass_args(p, SchedulerServiceConfig, skip=("credentials",))
 
 
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "scheduler":
         from scheduler_svc.config import SchedulerServiceConfig
-        from scheduler_svc.main import main as scheduler_main
+        from splitserve.scheduler_process import main as scheduler_main
 
         scheduler_main(dataclass_from_args(SchedulerServiceConfig, args))
         return 0

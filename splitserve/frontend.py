@@ -10,72 +10,22 @@ import asyncio
 import os
 import signal
 import socket
-from dataclasses import dataclass, field
-
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common import event_loop
+from common.cluster_json import status_to_json
 from common.credentials import Credentials, CredentialsError
 from common.link_auth import role_credentials, target_host
 from common.logging import configure_logging, get_logger
 from common.model_source import resolve_model
-from common.pb import generation_pb2
-from common.safe_handlers import add_servicer
-from common.tls import add_port
 from common.tokenizer import load_tokenizer
+from frontend_svc.config import FrontendConfig
+from frontend_svc.intake import Intake
 from frontend_svc.leader_finder import EtcdLeader, FixedLeader
 from frontend_svc.link_tls import LinkTls
 from frontend_svc.scheduler_link import FrontendIdentity, SchedulerLink
-from scheduler_svc.auth import ApiKeyInterceptor
-from scheduler_svc.cluster_view import status_to_json
-from scheduler_svc.config import HttpLimits
-from scheduler_svc.core import FinishReason, RequestRejected
-from scheduler_svc.generation_service import GenerationService
-from scheduler_svc.http import HttpContext, HttpServer, create_app
-from scheduler_svc.intake import Intake
-from scheduler_svc.policy_control import PriorityChangeError
+from frontend_svc.server import ClientApi, Operations
 
 log = get_logger("splitserve.frontend")
-
-
-def _opt(default, help_text: str):
-    return field(default=default, metadata={"help": help_text})
-
-
-@dataclass(slots=True)
-class FrontendConfig(HttpLimits):
-    host: str = _opt("0.0.0.0", "address to listen on")
-    port: int = _opt(50051, "client gRPC port (Generation API; shared by front-ends on a host)")
-    http_port: int = _opt(8000, "HTTP port (OpenAI API, /cluster; shared on a host); 0 = off")
-    scheduler: str = _opt(
-        "localhost:50052", "the scheduler's internal address HOST:PORT (without --etcd)"
-    )
-    etcd: str = _opt("", "etcd HOST:PORT: follow the leader scheduler named there")
-    frontend_id: str = _opt("", "this front-end's id (default: host-pid)")
-    advertise_host: str = _opt(
-        "", "host clients reach this front-end at, for /cluster (default: --host, or host name)"
-    )
-    model: str | None = _opt(None, "model (for its tokenizer and chat template)")
-    served_model_name: str | None = _opt(None, "name clients use; default: the model's name")
-    max_model_len: int = _opt(4096, "longest prompt + output in tokens")
-    leader_wait_timeout: float = _opt(
-        15.0, "without a leader this long, requests in flight fail with UNAVAILABLE"
-    )
-    api_key: str = _opt("", "key clients must send; empty = none")
-    tls_cert_file: str = _opt("", "PEM certificate: serve the client API (gRPC, HTTP) over TLS")
-    tls_key_file: str = _opt("", "PEM private key for --tls-cert-file")
-    tls_client_ca_file: str = _opt("", "require client certificates signed by this CA")
-    credentials: str = _opt(
-        "",
-        "directory of this front-end's credentials (ca.crt, tls.crt, tls.key): mutual TLS to "
-        "the leader scheduler (only a certificate naming splitserve-scheduler is trusted) and "
-        "to etcd. Required unless the scheduler is on loopback",
-    )
-    max_message_bytes: int = _opt(4 * 1024 * 1024, "largest client gRPC message accepted")
-    event_loop: str = _opt("auto", "asyncio loop: auto, uvloop, asyncio")
-    log_level: str = _opt("info", "log level")
-    log_json: bool = _opt(True, "JSON log lines")
 
 
 def load_credentials(cfg: FrontendConfig) -> Credentials | None:
@@ -109,68 +59,20 @@ class FrontendServer:
             if cfg.etcd
             else FixedLeader(cfg.scheduler)
         )
-        link_tls = LinkTls(credentials)
         self.link = SchedulerLink(
             identity,
             model_name,
             finder,
-            finish_reasons={r.value: r for r in FinishReason},
-            rejected_error=RequestRejected,
-            priority_error=PriorityChangeError,
             leader_wait_timeout=cfg.leader_wait_timeout,
-            tls=link_tls,
+            tls=LinkTls(credentials),
         )
         aliases = {source.name, model_name, str(cfg.model or "")} - {""}
         self.intake = Intake(tokenizer, model_name, aliases, cfg.max_model_len)
-        interceptors = []
-        if cfg.api_key:
-            observer = self.link.observer
-            interceptors.append(
-                ApiKeyInterceptor(cfg.api_key, lambda m: observer.on_request_rejected("auth"))
-            )
-        self.server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", cfg.max_message_bytes),
-                ("grpc.max_send_message_length", cfg.max_message_bytes),
-                ("grpc.so_reuseport", 1),
-            ],
-            interceptors=interceptors,
-        )
-        add_servicer(
-            GenerationService(self.link, self.intake),  # type: ignore[arg-type]
-            self.server,
-            generation_pb2.DESCRIPTOR.services_by_name["Generation"],
-        )
-        self.health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = add_port(
-            self.server,
-            f"{cfg.host}:{cfg.port}",
-            cfg.tls_cert_file,
-            cfg.tls_key_file,
-            cfg.tls_client_ca_file,
-        )
-        self.http_ctx = HttpContext(
-            self.link,  # type: ignore[arg-type]
-            self.intake,
-            cfg.api_key,
-            self.link.observer,  # type: ignore[arg-type]
-            cluster=self.cluster,
-        )
-        self.http = None
-        if cfg.http_port > 0:
-            self.http = HttpServer(
-                create_app(self.http_ctx),
-                cfg.host,
-                cfg.http_port,
-                ssl_certfile=cfg.tls_cert_file,
-                ssl_keyfile=cfg.tls_key_file,
-                ssl_ca_certs=cfg.tls_client_ca_file,
-                max_request_bytes=cfg.max_request_bytes,
-                header_timeout=cfg.http_header_timeout,
-                max_connections=cfg.http_max_connections,
-                reuse_port=True,
-            )
+        ops = Operations(metrics=self.link.observer.registry, cluster=self.cluster)
+        self.api = ClientApi(cfg, self.link, self.intake, ops, reuse_port=True)
+        self.port = self.api.port
+        self.http = self.api.http
+        self.http_ctx = self.api.http_ctx
 
     def cluster(self) -> dict | None:
         status = self.link.status
@@ -180,10 +82,7 @@ class FrontendServer:
 
     async def start(self) -> None:
         await self.link.start()
-        await self.server.start()
-        if self.http is not None:
-            await self.http.start()
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self.api.start()
         log.info(
             "frontend_started",
             frontend_id=self.link.identity.frontend_id,
@@ -195,13 +94,9 @@ class FrontendServer:
         )
 
     async def stop(self) -> None:
-        self.http_ctx.shutting_down = True
-        await self.health.enter_graceful_shutdown()
+        await self.api.begin_stop()
         await self.link.stop()
-        await asyncio.gather(
-            self.server.stop(2.0),
-            self.http.stop() if self.http is not None else asyncio.sleep(0),
-        )
+        await self.api.stop()
         log.info("frontend_stopped")
 
 

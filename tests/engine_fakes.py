@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 
+from frontend_svc.client_request import ClientRequest
+from frontend_svc.detokenizer import IncrementalDetokenizer
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.core import SamplingParams, SchedulerOutput
-from scheduler_svc.detokenizer import IncrementalDetokenizer
 from scheduler_svc.engine import ServingEngine
-from scheduler_svc.request_state import RequestState
+from scheduler_svc.in_flight import InFlightRequest
 from scheduler_svc.worker_session import ExecuteTransport, StepReply, WorkerLost, WorkerRegistration
+from splitserve.embedded import InProcessScheduler, in_flight_record
 
 VOCAB = 1000  # the fake model's; tests that tokenize real text give the engine TOKENIZER_VOCAB
 TOKENIZER_VOCAB = 49152  # the default model's (SmolLM2), whose tokenizer those tests use
@@ -82,16 +84,46 @@ class FakeWorker(ExecuteTransport):
         return StepReply(sampled)
 
 
-def make_engine(vocab_size: int = VOCAB, **overrides) -> ServingEngine:
+class EmbeddedEngine(ServingEngine):
+    """The engine with the embedded mode's front-end in front of it (splitserve/embedded.py):
+    tests submit client requests and read their streams, as the client APIs do."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.client = InProcessScheduler(self)
+        self.records: dict[str, InFlightRequest] = {}  # every request's, ended ones too
+
+    def submit(self, state: ClientRequest | InFlightRequest) -> None:
+        if isinstance(state, ClientRequest):
+            self.client.submit(state)
+        else:
+            super().submit(state)
+            self.records[state.request_id] = state
+
+    def resume_client(self, states: list[ClientRequest]) -> int:
+        """As a front-end's hello resumes its requests: in its streams and in the engine."""
+        records = []
+        for state in states:
+            self.client.streams.add(state)
+            records.append(in_flight_record(state, self.client))
+            self.records[state.request_id] = records[-1]
+        return self.resume(records)
+
+    def record(self, state: ClientRequest) -> InFlightRequest:
+        """The engine's record of a client request: where it runs, how often it moved."""
+        return self.records[state.request_id]
+
+
+def make_engine(vocab_size: int = VOCAB, **overrides) -> EmbeddedEngine:
     defaults = dict(
         max_num_batched_tokens=64, max_num_seqs=8, max_model_len=512, worker_wait_timeout=0.5
     )
     cfg = SchedulerServiceConfig(**{**defaults, **overrides})
-    return ServingEngine(cfg, "fake", vocab_size)
+    return EmbeddedEngine(cfg, "fake", vocab_size)
 
 
-def make_state(rid: str, prompt: list[int], max_tokens: int, stop=()) -> RequestState:
-    return RequestState(
+def make_state(rid: str, prompt: list[int], max_tokens: int, stop=()) -> ClientRequest:
+    return ClientRequest(
         request_id=rid,
         prompt_token_ids=prompt,
         params=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
@@ -110,7 +142,7 @@ def registration(wid: str, num_blocks: int = 64) -> WorkerRegistration:
     )
 
 
-async def drain(state: RequestState) -> tuple[list[int], list]:
+async def drain(state: ClientRequest) -> tuple[list[int], list]:
     tokens, deltas = [], []
     while True:
         delta = await asyncio.wait_for(state.queue.get(), 10)
@@ -120,7 +152,7 @@ async def drain(state: RequestState) -> tuple[list[int], list]:
             return tokens, deltas
 
 
-async def submit_and_drain(engine, states: list[RequestState]) -> list[tuple[list[int], list]]:
+async def submit_and_drain(engine, states: list[ClientRequest]) -> list[tuple[list[int], list]]:
     for s in states:
         engine.submit(s)
     return await asyncio.gather(*(drain(s) for s in states))
@@ -129,3 +161,20 @@ async def submit_and_drain(engine, states: list[RequestState]) -> list[tuple[lis
 async def run_session(engine, session):
     await engine.run_worker(session)
     engine.detach(session, session.lost_reason or "test")
+
+
+def http_context(
+    engine: EmbeddedEngine, intake=None, api_key: str = "", metrics=None, history=None, **kw
+):
+    """The HTTP routes' context in front of a test engine, as the embedded mode builds it."""
+    from frontend_svc.http import HttpContext
+
+    return HttpContext(
+        engine.client,
+        intake,
+        api_key,
+        metrics.registry if metrics is not None else None,
+        dashboard=history.snapshot if history is not None else None,
+        rejected=engine.client.observer.on_request_rejected,
+        **kw,
+    )

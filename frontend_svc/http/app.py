@@ -7,12 +7,12 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from scheduler_svc.auth import check_key
-from scheduler_svc.http.context import HttpContext
-from scheduler_svc.http.errors import error_response, install_error_handlers
-from scheduler_svc.http.openai_routes import openai_router
-from scheduler_svc.http.priority_routes import priority_router
-from scheduler_svc.http.tokenize_routes import tokenize_router
+from frontend_svc.auth import check_key
+from frontend_svc.http.context import HttpContext
+from frontend_svc.http.errors import error_response, install_error_handlers
+from frontend_svc.http.openai_routes import openai_router
+from frontend_svc.http.priority_routes import priority_router
+from frontend_svc.http.tokenize_routes import tokenize_router
 
 # paths that never need the API key: probes and read-only operational pages (counts only).
 # Not /cluster: it names hosts, pids and the addresses of workers and front-ends.
@@ -43,7 +43,7 @@ class ApiKeyMiddleware:
         if problem is None:
             await self.app(scope, receive, send)
             return
-        self.ctx.engine.observer.on_request_rejected("unauthenticated")
+        self.ctx.rejected("unauthenticated")
         response = error_response(401, problem, None, "invalid_api_key")
         response.headers["WWW-Authenticate"] = "Bearer"
         await response(scope, receive, send)
@@ -56,11 +56,12 @@ def create_app(ctx: HttpContext) -> FastAPI:
         redoc_url=None,
         openapi_url=None,
     )
-    install_error_handlers(app, lambda: ctx.engine.observer.on_request_rejected("invalid"))
+    install_error_handlers(app, lambda: ctx.rejected("invalid"))
     if ctx.intake is not None:  # not on a scheduler whose front-ends run apart
         app.include_router(openai_router(ctx))
         app.include_router(tokenize_router(ctx))
-    app.include_router(priority_router(ctx))
+    if ctx.scheduler is not None:
+        app.include_router(priority_router(ctx))
 
     @app.get("/health")
     async def health() -> dict:
@@ -70,7 +71,7 @@ def create_app(ctx: HttpContext) -> FastAPI:
     @app.get("/ready")
     async def ready() -> JSONResponse:
         """Readiness: at least one worker can take requests."""
-        workers = [s.worker_id for s in ctx.live_workers()]
+        workers = ctx.live_workers()
         if ctx.shutting_down:
             return JSONResponse({"status": "shutting down", "workers": workers}, 503)
         if not workers:
@@ -79,10 +80,10 @@ def create_app(ctx: HttpContext) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        # async on purpose: collectors read engine state, which lives on this event loop
+        # async on purpose: collectors read the scheduler's state, which lives on this loop
         if ctx.metrics is None:
             return error_response(404, "metrics are not enabled on this server")
-        return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(ctx.metrics), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/cluster")
     async def cluster() -> JSONResponse:
@@ -96,8 +97,8 @@ def create_app(ctx: HttpContext) -> FastAPI:
     async def root() -> RedirectResponse:
         return RedirectResponse("/dashboard")
 
-    if ctx.history is not None:
-        from scheduler_svc.dashboard.routes import dashboard_router
+    if ctx.dashboard is not None:
+        from frontend_svc.http.dashboard_routes import dashboard_router
 
         app.include_router(dashboard_router(ctx))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from scheduler_svc.http.errors import error_response
+from frontend_svc.http.errors import error_response
 
 FLAG = "--max-request-bytes"
 

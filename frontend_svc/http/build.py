@@ -1,4 +1,4 @@
-"""OpenAI request bodies -> validated RequestStates (through the same Intake as gRPC)."""
+"""OpenAI request bodies -> validated ClientRequests (through the same Intake as gRPC)."""
 
 from __future__ import annotations
 
@@ -6,20 +6,20 @@ import json
 import uuid
 from dataclasses import replace
 
-from common.messages import StructuredOutput
-from scheduler_svc.core import RequestRejected, SamplingParams
-from scheduler_svc.http.constraints import constraint
-from scheduler_svc.http.errors import OpenAIError
-from scheduler_svc.http.protocol import (
+from common.messages import SamplingParams, StructuredOutput
+from common.outcomes import RequestRejected
+from frontend_svc.client_request import ClientRequest
+from frontend_svc.http.constraints import constraint
+from frontend_svc.http.errors import OpenAIError
+from frontend_svc.http.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
     _SamplingBody,
 )
-from scheduler_svc.http.tool_prompt import template_inputs
-from scheduler_svc.http.tools import ToolPlan, tool_constraint, tool_plan
-from scheduler_svc.intake import MAX_CHOICES, Intake, check_stop_strings
-from scheduler_svc.request_state import RequestState
+from frontend_svc.http.tool_prompt import template_inputs
+from frontend_svc.http.tools import ToolPlan, tool_constraint, tool_plan
+from frontend_svc.intake import MAX_CHOICES, Intake, check_stop_strings
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -91,7 +91,7 @@ def _state(
     logprobs: int | None,
     request_id: str,
     asked: tuple[str, StructuredOutput] | None,
-) -> RequestState:
+) -> ClientRequest:
     intake.check_token_ids(body.stop_token_ids, "stop_token_ids")
     params = _sampling(body, max_tokens, logprobs)
     params.structured = asked[1] if asked else None
@@ -128,7 +128,7 @@ def completion_prompt(intake: Intake, prompt) -> list[int]:
     return intake.check_token_ids(list(prompt))
 
 
-def build_completion(intake: Intake, body: CompletionRequest) -> RequestState:
+def build_completion(intake: Intake, body: CompletionRequest) -> ClientRequest:
     _common_checks(body)
     if body.suffix:
         raise OpenAIError(400, "suffix is not supported", "suffix")
@@ -253,7 +253,7 @@ def check_tool_parameters(intake: Intake, plan: ToolPlan | None) -> None:
 
 def build_chat(
     intake: Intake, body: ChatCompletionRequest, tools: ToolPlan | None = None
-) -> RequestState:
+) -> ClientRequest:
     """`tools`: the body's tool_plan, when the caller already has it."""
     _common_checks(body)
     tools = tools or tool_plan(body)
@@ -306,7 +306,7 @@ def render_prompt(intake: Intake, messages: list[dict], context: dict) -> list[i
         raise OpenAIError(400, str(exc), "messages") from exc
 
 
-def choices(intake: Intake, body: _SamplingBody, first: RequestState) -> list[RequestState]:
+def choices(intake: Intake, body: _SamplingBody, first: ClientRequest) -> list[ClientRequest]:
     """n > 1 (and best_of): `first` and its siblings, one request per choice
     (Intake.siblings). best_of > n asks every choice for its sampled tokens' logprobs, to pick
     the n most likely."""

@@ -12,29 +12,28 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from common.logging import get_logger
-from scheduler_svc.admission import Overloaded
-from scheduler_svc.core import RequestRejected
-from scheduler_svc.http.context import HttpContext
-from scheduler_svc.http.errors import OpenAIError, error_body
-from scheduler_svc.http.format import ResponseFormatter, usage
-from scheduler_svc.http.streams import DisconnectWatcher, sse
-from scheduler_svc.request_state import RequestState, StreamDelta
+from common.outcomes import Overloaded, RequestRejected
+from frontend_svc.client_request import ClientRequest, StreamDelta
+from frontend_svc.http.context import HttpContext
+from frontend_svc.http.errors import OpenAIError, error_body
+from frontend_svc.http.format import ResponseFormatter, usage
+from frontend_svc.http.streams import DisconnectWatcher, sse
 
 log = get_logger("splitserve.http")
 CLIENT_CLOSED = 499  # nginx's status for "the client closed the connection"
 
 
-def submit_or_raise(ctx: HttpContext, state: RequestState) -> None:
-    engine = ctx.engine
+def submit_or_raise(ctx: HttpContext, state: ClientRequest) -> None:
+    scheduler = ctx.scheduler
     try:
-        engine.submit(state)
+        scheduler.submit(state)
     except Overloaded as exc:
-        engine.observer.on_request_rejected("overloaded")
+        ctx.rejected("overloaded")
         raise OpenAIError(
             429, str(exc), None, "rate_limit_exceeded", retry_after_s=exc.retry_after_s
         ) from exc
     except RequestRejected as exc:
-        engine.observer.on_request_rejected("invalid")
+        ctx.rejected("invalid")
         raise OpenAIError(400, str(exc), None, "invalid_request") from exc
 
 
@@ -45,13 +44,13 @@ def likelihood(deltas: list[StreamDelta]) -> float:
 async def serve_choices(
     ctx: HttpContext,
     request: Request,
-    states: list[RequestState],
+    states: list[ClientRequest],
     formatter: Callable[[int], ResponseFormatter],
     n: int,
     stream: bool,
     opts,
 ) -> Response:
-    submitted: list[RequestState] = []
+    submitted: list[ClientRequest] = []
     watcher: DisconnectWatcher | None = None
     streaming = False
     try:
@@ -93,10 +92,10 @@ async def serve_choices(
                 watcher.close()
             for state in submitted:
                 if not state.finished:
-                    ctx.engine.drop(state.request_id)
+                    ctx.scheduler.drop(state.request_id)
 
 
-async def _collect(watcher: DisconnectWatcher, state: RequestState) -> list[StreamDelta] | None:
+async def _collect(watcher: DisconnectWatcher, state: ClientRequest) -> list[StreamDelta] | None:
     deltas: list[StreamDelta] = []
     while not deltas or deltas[-1].finish_reason is None:
         delta = await watcher.next(state)
@@ -113,7 +112,7 @@ async def _events(ctx, states, fmts: list[ResponseFormatter], watcher, opts):
     continuous = bool(opts and opts.continuous_usage_stats)
     arrivals: asyncio.Queue[tuple[int, StreamDelta | None]] = asyncio.Queue()
 
-    async def pump(i: int, state: RequestState) -> None:
+    async def pump(i: int, state: ClientRequest) -> None:
         while True:
             delta = await watcher.next(state)
             arrivals.put_nowait((i, delta))
@@ -158,4 +157,4 @@ async def _events(ctx, states, fmts: list[ResponseFormatter], watcher, opts):
         watcher.close()
         for state in states:
             if not state.finished:
-                ctx.engine.drop(state.request_id)
+                ctx.scheduler.drop(state.request_id)

@@ -20,7 +20,7 @@ import time
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from common.logging import get_logger
-from scheduler_svc.http.errors import error_body
+from frontend_svc.http.errors import error_body
 
 log = get_logger("splitserve.http")
 

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from common.messages import StructuredOutput
-from scheduler_svc.http.errors import OpenAIError
+from frontend_svc.http.errors import OpenAIError
 
 GUIDED = {
     "guided_json": "json_schema",

@@ -1,4 +1,5 @@
-"""/dashboard (the page), /dashboard/api/state (JSON), /dashboard/api/events (SSE, 1 s)."""
+"""/dashboard (the page), /dashboard/api/state (JSON), /dashboard/api/events (SSE, 1 s): the
+scheduler's state (scheduler_svc/dashboard/history.py) as the HTTP server it runs with shows it."""
 
 from __future__ import annotations
 
@@ -9,15 +10,15 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
-from scheduler_svc.http.context import HttpContext
+from frontend_svc.http.context import HttpContext
 
 PAGE = Path(__file__).with_name("static") / "index.html"
 
 
 def dashboard_router(ctx: HttpContext) -> APIRouter:
     router = APIRouter()
-    history = ctx.history
-    assert history is not None
+    snapshot = ctx.dashboard
+    assert snapshot is not None
     page = PAGE.read_text(encoding="utf-8")
 
     @router.get("/dashboard", response_class=HTMLResponse)
@@ -26,7 +27,7 @@ def dashboard_router(ctx: HttpContext) -> APIRouter:
 
     @router.get("/dashboard/api/state")
     async def dashboard_state() -> JSONResponse:
-        return JSONResponse(history.snapshot(), headers={"Cache-Control": "no-store"})
+        return JSONResponse(snapshot(), headers={"Cache-Control": "no-store"})
 
     @router.get("/dashboard/api/events")
     async def dashboard_events(request: Request, interval: float = 1.0) -> StreamingResponse:
@@ -34,7 +35,7 @@ def dashboard_router(ctx: HttpContext) -> APIRouter:
 
         async def events():
             while not await request.is_disconnected():
-                yield f"data: {json.dumps(history.snapshot(), separators=(',', ':'))}\n\n"
+                yield f"data: {json.dumps(snapshot(), separators=(',', ':'))}\n\n"
                 await asyncio.sleep(interval)
 
         return StreamingResponse(

@@ -6,15 +6,15 @@ import time
 from dataclasses import dataclass, field
 
 from common.convert import TokenLogprobs
-from scheduler_svc.http.tool_parser import (
+from frontend_svc.client_request import StreamDelta
+from frontend_svc.http.tool_parser import (
     CallDelta,
     NamedCallParser,
     ParsedDelta,
     ToolCallParser,
     assemble,
 )
-from scheduler_svc.http.tools import ToolPlan
-from scheduler_svc.request_state import StreamDelta
+from frontend_svc.http.tools import ToolPlan
 
 MIN_LOGPROB = -9999.0  # stands for -inf (JSON has no infinities), as vLLM does
 

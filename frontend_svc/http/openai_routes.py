@@ -10,15 +10,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from common.logging import get_logger
-from scheduler_svc.http.build import build_chat, build_completion, check_model, choices
-from scheduler_svc.http.choices import CLIENT_CLOSED, serve_choices, submit_or_raise
-from scheduler_svc.http.context import HttpContext
-from scheduler_svc.http.errors import OpenAIError, error_body
-from scheduler_svc.http.format import ResponseFormatter, usage
-from scheduler_svc.http.protocol import ChatCompletionRequest, CompletionRequest
-from scheduler_svc.http.streams import DisconnectWatcher, sse
-from scheduler_svc.http.tools import tool_plan
-from scheduler_svc.request_state import RequestState, StreamDelta
+from frontend_svc.client_request import ClientRequest, StreamDelta
+from frontend_svc.http.build import build_chat, build_completion, check_model, choices
+from frontend_svc.http.choices import CLIENT_CLOSED, serve_choices, submit_or_raise
+from frontend_svc.http.context import HttpContext
+from frontend_svc.http.errors import OpenAIError, error_body
+from frontend_svc.http.format import ResponseFormatter, usage
+from frontend_svc.http.protocol import ChatCompletionRequest, CompletionRequest
+from frontend_svc.http.streams import DisconnectWatcher, sse
+from frontend_svc.http.tools import tool_plan
 
 log = get_logger("splitserve.http")
 Built = TypeVar("Built")
@@ -26,7 +26,7 @@ Built = TypeVar("Built")
 
 def openai_router(ctx: HttpContext) -> APIRouter:
     router = APIRouter(prefix="/v1")
-    engine, intake = ctx.engine, ctx.intake
+    scheduler, intake = ctx.scheduler, ctx.intake
 
     def model_card() -> dict:
         return {
@@ -34,7 +34,7 @@ def openai_router(ctx: HttpContext) -> APIRouter:
             "object": "model",
             "created": int(ctx.started_at),
             "owned_by": "splitserve",
-            "root": engine.model_name,
+            "root": scheduler.model_name,
             "max_model_len": intake.max_model_len,
         }
 
@@ -108,7 +108,7 @@ async def _built_beside(ctx: HttpContext, build: Callable[[], Built]) -> Built:
     try:
         return await asyncio.to_thread(build)
     except OpenAIError:
-        ctx.engine.observer.on_request_rejected("invalid")
+        ctx.rejected("invalid")
         raise
 
 
@@ -116,14 +116,14 @@ def _built(ctx: HttpContext, build: Callable[[], Built]) -> Built:
     try:
         return build()
     except OpenAIError:
-        ctx.engine.observer.on_request_rejected("invalid")
+        ctx.rejected("invalid")
         raise
 
 
 async def _serve(
-    ctx: HttpContext, request: Request, state: RequestState, fmt: ResponseFormatter, stream, opts
+    ctx: HttpContext, request: Request, state: ClientRequest, fmt: ResponseFormatter, stream, opts
 ) -> Response:
-    engine = ctx.engine
+    scheduler = ctx.scheduler
     submit_or_raise(ctx, state)
     log.info(
         "request_accepted",
@@ -165,15 +165,15 @@ async def _serve(
         if not streaming:  # the stream's generator cleans up after itself
             watcher.close()
             if not state.finished:
-                engine.drop(state.request_id)
+                scheduler.drop(state.request_id)
 
 
-def _gone(state: RequestState) -> Response:
+def _gone(state: ClientRequest) -> Response:
     log.info("request_cancelled", request_id=state.request_id, api="http")
     return Response(status_code=CLIENT_CLOSED)
 
 
-def _log_finished(state: RequestState, last: StreamDelta) -> None:
+def _log_finished(state: ClientRequest, last: StreamDelta) -> None:
     log.info(
         "request_finished",
         request_id=state.request_id,
@@ -220,4 +220,4 @@ async def _events(ctx, state, fmt: ResponseFormatter, first, watcher: Disconnect
     finally:
         watcher.close()
         if not state.finished:  # client gone (or the server stopping the response)
-            ctx.engine.drop(state.request_id)
+            ctx.scheduler.drop(state.request_id)

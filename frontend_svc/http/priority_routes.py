@@ -6,9 +6,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict
 
-from scheduler_svc.http.context import HttpContext
-from scheduler_svc.http.errors import OpenAIError
-from scheduler_svc.policy_control import PriorityChangeError
+from common.outcomes import PriorityChangeError
+from frontend_svc.http.context import HttpContext
+from frontend_svc.http.errors import OpenAIError
 
 STATUS = {
     "NOT_FOUND": 404,
@@ -29,7 +29,7 @@ def priority_router(ctx: HttpContext) -> APIRouter:
     @router.post("/requests/{request_id}/priority")
     async def change_priority(request_id: str, body: PriorityChange) -> dict:
         try:
-            await ctx.engine.change_priority(request_id, body.priority)
+            await ctx.scheduler.change_priority(request_id, body.priority)
         except PriorityChangeError as exc:
             raise OpenAIError(
                 STATUS.get(exc.code, 500), str(exc), "priority", exc.code.lower()

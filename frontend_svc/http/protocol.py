@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from scheduler_svc.intake import MAX_LOGPROBS, MAX_REQUEST_ID_LEN
+from frontend_svc.intake import MAX_LOGPROBS, MAX_REQUEST_ID_LEN
 
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 INT32_MAX = 2**31 - 1  # the wire's int32 fields (top_k, min_tokens)

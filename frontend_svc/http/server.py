@@ -12,8 +12,8 @@ import ssl
 import uvicorn
 
 from common.logging import get_logger
-from scheduler_svc.http.body_limit import BodyLimitMiddleware
-from scheduler_svc.http.connection_limits import limited_protocol
+from frontend_svc.http.body_limit import BodyLimitMiddleware
+from frontend_svc.http.connection_limits import limited_protocol
 
 log = get_logger("splitserve.http")
 

@@ -7,7 +7,7 @@ import json
 
 from starlette.types import Receive
 
-from scheduler_svc.request_state import RequestState, StreamDelta
+from frontend_svc.client_request import ClientRequest, StreamDelta
 
 
 def sse(obj: dict | str) -> str:
@@ -34,7 +34,7 @@ class DisconnectWatcher:
     def disconnected(self) -> bool:
         return self.task.done()
 
-    async def next(self, state: RequestState) -> StreamDelta | None:
+    async def next(self, state: ClientRequest) -> StreamDelta | None:
         queue = state.queue
         try:
             return queue.take_merged(queue.get_nowait())

@@ -10,12 +10,12 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from scheduler_svc.core import RequestRejected
-from scheduler_svc.http.build import chat_prompt, check_model, refused
-from scheduler_svc.http.context import HttpContext
-from scheduler_svc.http.errors import OpenAIError
-from scheduler_svc.http.protocol import STRICT, ChatMessage, ToolDefinition
-from scheduler_svc.http.tools import tool_plan
+from common.outcomes import RequestRejected
+from frontend_svc.http.build import chat_prompt, check_model, refused
+from frontend_svc.http.context import HttpContext
+from frontend_svc.http.errors import OpenAIError
+from frontend_svc.http.protocol import STRICT, ChatMessage, ToolDefinition
+from frontend_svc.http.tools import tool_plan
 
 MAX_TOKENIZE_CHARS = 1_000_000
 

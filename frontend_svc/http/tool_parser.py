@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from scheduler_svc.http.call_scanner import WHITESPACE, CallObjectScanner
+from frontend_svc.http.call_scanner import WHITESPACE, CallObjectScanner
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 

@@ -15,8 +15,8 @@ import json
 import re
 from typing import Any
 
-from scheduler_svc.http.tool_parser import CALL_CLOSE, CALL_OPEN
-from scheduler_svc.http.tools import ToolPlan
+from frontend_svc.http.tool_parser import CALL_CLOSE, CALL_OPEN
+from frontend_svc.http.tools import ToolPlan
 
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 

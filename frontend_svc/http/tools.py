@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.messages import StructuredOutput
-from scheduler_svc.http.errors import OpenAIError
-from scheduler_svc.http.protocol import ChatCompletionRequest, ToolDefinition
-from scheduler_svc.http.tool_parser import NamedCallParser, ToolCallParser
+from frontend_svc.http.errors import OpenAIError
+from frontend_svc.http.protocol import ChatCompletionRequest, ToolDefinition
+from frontend_svc.http.tool_parser import NamedCallParser, ToolCallParser
 
 MAX_TOOLS = 128
 CHOICES = ("none", "auto", "required")

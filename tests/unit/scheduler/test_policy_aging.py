@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.sim import SimSettings, StepCostModel, TraceRequest, simulate
+from splitserve.sim import SimSettings, StepCostModel, TraceRequest, simulate
 
 COST = StepCostModel(base_s=0.05, per_token_s=1e-4, per_ctx_token_s=0.0, per_seq_s=0.0)
 STREAM_S = 10.0

@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 from scheduler_svc.core import Request, Scheduler
-from scheduler_svc.sim import SimSettings, StepCostModel, TraceRequest, simulate
+from splitserve.sim import SimSettings, StepCostModel, TraceRequest, simulate
 from tests.factories import request, scheduler_factory
 
 _tok = itertools.count(1000)

@@ -11,9 +11,9 @@ import pytest
 from scheduler_svc.core import FinishReason, RequestStatus, Scheduler, SchedulerConfig
 from scheduler_svc.core.policies import GoodputPolicy
 from scheduler_svc.core.remaining_work import OutputLengthPredictor
-from scheduler_svc.sim import SimSettings, TraceRequest
-from scheduler_svc.sim.costmodel import StepCostModel
-from scheduler_svc.sim.simulator import Simulator, simulate
+from splitserve.sim import SimSettings, TraceRequest
+from splitserve.sim.costmodel import StepCostModel
+from splitserve.sim.simulator import Simulator, simulate
 from tests.factories import prompt, request
 
 # the worker of the eight-request example: a step costs a base plus a price per token,
@@ -293,7 +293,7 @@ def test_deadline_policy_counts_the_predicted_work_in_the_eight_request_case():
 
 
 def test_goodput_scenario_has_a_trace_with_ttft_and_tpot_targets():
-    from scheduler_svc.sim.scenarios import build_runs
+    from splitserve.sim.scenarios import build_runs
 
     runs = build_runs("goodput", COST, num_requests=20, request_rate=5.0, policies=("goodput",))
     targets = [(s, t) for s, t in runs if s.label.endswith(" targets")]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from scheduler_svc.auth import MISSING_KEY, WRONG_KEY, ApiKeyInterceptor, bearer_token, check_key
+from frontend_svc.auth import MISSING_KEY, WRONG_KEY, ApiKeyInterceptor, bearer_token, check_key
 
 
 def test_bearer_token_parsing():

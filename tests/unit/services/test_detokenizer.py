@@ -9,7 +9,7 @@ import tokenizers
 
 from common.byte_pieces import build_byte_pieces, complete_utf8_prefix
 from common.tokenizer import load_tokenizer
-from scheduler_svc.detokenizer import IncrementalDetokenizer
+from frontend_svc.detokenizer import IncrementalDetokenizer
 
 TEXTS = [
     "Hello wörld 你好 🎉! Ünïcödé, emoji 👩‍👩‍👧 and   spaces.",

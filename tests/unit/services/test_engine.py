@@ -31,7 +31,7 @@ def test_requests_finish_with_reference_tokens():
         for s in states:
             engine.submit(s)
         # placement spreads the load
-        assert {s.worker_id for s in states} == {"w0", "w1"}
+        assert {engine.record(s).worker_id for s in states} == {"w0", "w1"}
         results = await asyncio.gather(*(drain(s) for s in states))
         for state, (tokens, deltas) in zip(states, results, strict=True):
             assert tokens == reference(state.prompt_token_ids, state.params.max_tokens)
@@ -57,13 +57,15 @@ def test_lost_worker_requests_continue_elsewhere_without_gap_or_duplicate():
             engine.submit(s)
         await asyncio.sleep(0.05)  # the worker dies after a few steps
         await t1
-        assert all(s.worker_id is None for s in states), "requests should wait for a new worker"
+        assert all(engine.record(s).worker_id is None for s in states), (
+            "requests should wait for a new worker"
+        )
         healthy = engine.attach(registration("healthy"), FakeWorker())
         t2 = asyncio.create_task(engine.run_worker(healthy))
         results = await asyncio.gather(*(drain(s) for s in states))
         for state, (tokens, _) in zip(states, results, strict=True):
             assert tokens == reference(state.prompt_token_ids, 12)
-            assert state.num_migrations == 1
+            assert engine.record(state).num_migrations == 1
         t2.cancel()
 
     asyncio.run(main())
@@ -91,7 +93,7 @@ def test_stream_interval_groups_tokens_through_a_migration(interval):
             assert sizes[0] == 1 and all(n == interval for n in sizes[1:-1])
             assert 1 <= sizes[-1] <= interval
             assert [d.num_output_tokens for d in deltas][-1] == 11
-        assert sum(s.num_migrations for s in states) >= 1
+        assert sum(engine.record(s).num_migrations for s in states) >= 1
         # a request that asked for logprobs streams each token with its logprobs
         wants_logprobs = make_state("lp", [1, 2, 3], 4)
         wants_logprobs.params = SamplingParams(max_tokens=4, temperature=0.0, logprobs=1)

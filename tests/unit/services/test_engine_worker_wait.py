@@ -30,12 +30,12 @@ async def submitted(engine, state) -> None:
 
 
 async def resumed(engine, state) -> None:
-    engine.resume([state])
+    engine.resume_client([state])
 
 
 async def placed_after_a_takeover(engine, state) -> None:
     engine.begin_rebuild()
-    engine.resume([state])
+    engine.resume_client([state])
     engine.finish_rebuild()
 
 
@@ -56,13 +56,13 @@ async def handed_back_by_a_dead_worker(engine, state) -> None:
     dying = engine.attach(registration("dying"), FakeWorker(fail_at_step=3))
     engine.submit(state)
     await run_session(engine, dying)
-    assert state.worker_id is None and state.num_migrations == 1
+    assert engine.record(state).worker_id is None and engine.record(state).num_migrations == 1
 
 
 async def handed_back_by_the_only_worker_draining(engine, state) -> None:
     leaving = engine.attach(registration("leaving"), FakeWorker())  # no step loop: it only queues
     engine.submit(state)
-    assert state.worker_id == "leaving"
+    assert engine.record(state).worker_id == "leaving"
     engine.start_drain(leaving, 30.0)
 
 
@@ -79,7 +79,7 @@ async def queued_behind_a_worker_that_died(engine, state) -> None:
     for i in range(limit):
         engine.submit(make_state(f"ahead-{i}", [1, 2, 3, i], MAX_TOKENS))
     engine.submit(state)
-    assert state.worker_id is None
+    assert engine.record(state).worker_id is None
     full.mark_lost("test: died")
     engine.detach(full, "test: died")
 
@@ -117,13 +117,13 @@ def test_a_request_waiting_when_a_worker_attaches_runs_there(enter):
         engine = make_engine(worker_wait_timeout=5.0)
         state = make_state("r", PROMPT, MAX_TOKENS)
         await enter(engine, state)
-        assert state.worker_id is None
+        assert engine.record(state).worker_id is None
         session = engine.attach(registration("late"), FakeWorker())
         task = asyncio.create_task(run_session(engine, session))
         tokens, deltas = await drain(state)
         assert tokens == reference(PROMPT, MAX_TOKENS)
         assert deltas[-1].finish_reason == FinishReason.LENGTH and deltas[-1].worker_id == "late"
-        assert state.wait_timer is None
+        assert engine.record(state).wait_timer is None
         session.mark_lost("test over")
         await task
 
@@ -186,7 +186,7 @@ def test_a_worker_that_comes_and_goes_during_a_takeover_leaves_the_request_waiti
         state = make_state("r", PROMPT, MAX_TOKENS)
         engine.submit(state)
         brief = engine.attach(registration("brief"), FakeWorker())
-        assert state.worker_id is None and state.wait_timer is None
+        assert engine.record(state).worker_id is None and engine.record(state).wait_timer is None
         brief.mark_lost("test: gone during the rebuild")
         engine.detach(brief, "test: gone during the rebuild")
         engine.finish_rebuild()

@@ -13,9 +13,8 @@ from common.pb import frontend_link_pb2_grpc
 from frontend_svc.leader_finder import FixedLeader
 from frontend_svc.scheduler_link import FrontendIdentity, SchedulerLink
 from scheduler_svc.cluster_view import SchedulerRole
-from scheduler_svc.core import FinishReason, RequestRejected
+from scheduler_svc.core import FinishReason
 from scheduler_svc.frontend_link_service import FrontendLinkService
-from scheduler_svc.policy_control import PriorityChangeError
 from tests.engine_fakes import (
     FakeWorker,
     drain,
@@ -51,9 +50,6 @@ async def with_slow_leader(engine, body) -> None:
         FrontendIdentity("fe-test", "localhost", 1),
         "fake",
         FixedLeader(f"127.0.0.1:{port}"),
-        finish_reasons={r.value: r for r in FinishReason},
-        rejected_error=RequestRejected,
-        priority_error=PriorityChangeError,
     )
     try:
         await asyncio.wait_for(body(service, link), 20)

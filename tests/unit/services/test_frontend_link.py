@@ -19,7 +19,6 @@ from frontend_svc.scheduler_link import FrontendIdentity, SchedulerLink
 from scheduler_svc.cluster_view import SchedulerRole
 from scheduler_svc.core import FinishReason, RequestRejected
 from scheduler_svc.frontend_link_service import FrontendLinkService
-from scheduler_svc.policy_control import PriorityChangeError
 from scheduler_svc.worker_session import HeldRequest
 from tests.e2e.procs import free_port
 from tests.engine_fakes import (
@@ -67,9 +66,6 @@ def make_link(port: int, leader_wait_timeout: float = 10.0) -> SchedulerLink:
         FrontendIdentity("fe-test", "localhost", 1),
         "fake",
         FixedLeader(f"127.0.0.1:{port}"),
-        finish_reasons={r.value: r for r in FinishReason},
-        rejected_error=RequestRejected,
-        priority_error=PriorityChangeError,
         leader_wait_timeout=leader_wait_timeout,
     )
 
@@ -185,7 +181,7 @@ async def test_a_new_leader_adopts_the_rows_a_worker_holds_instead_of_recomputin
     reg.held = [HeldRequest("a", [7, 8, 9], len(prompt) + len(done) - 1, len(prompt) + 6)]
     worker = FakeWorker()
     session = engine.attach(reg, worker)
-    assert engine.resume([resumed, queued]) == 0  # during the rebuild: nothing placed yet
+    assert engine.resume_client([resumed, queued]) == 0  # during the rebuild: nothing placed yet
     assert engine.finish_rebuild() == (2, 1, 2 + 3)
     assert session.scheduler.kv.block_ids("a")[:3] == [7, 8, 9]
     task = asyncio.create_task(run_session(engine, session))
@@ -219,14 +215,14 @@ async def test_a_sibling_of_an_n_group_waits_for_the_first_prompt_across_the_lin
 
 
 def test_a_requests_targets_cross_the_link_to_the_leaders_record():
-    from scheduler_svc.remote_request import remote_request
+    from scheduler_svc.in_flight import from_submit
 
     link = make_link(1)
     state = make_state("t", [5, 6, 7], 4)
     state.ttft_target_s, state.tpot_target_s, state.tenant = 0.5, 0.05, "a"
-    record = remote_request(link._submit_message(state), sink=None, frontend_id="fe")
+    record = from_submit(link._submit_message(state), sink=None, frontend_id="fe")
     assert (record.ttft_target_s, record.tpot_target_s, record.tenant) == (0.5, 0.05, "a")
-    untargeted = remote_request(
+    untargeted = from_submit(
         link._submit_message(make_state("u", [5], 4)), sink=None, frontend_id="fe"
     )
     assert (untargeted.ttft_target_s, untargeted.tpot_target_s) == (None, None)

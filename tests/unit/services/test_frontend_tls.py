@@ -20,7 +20,7 @@ from frontend_svc.leader_finder import FixedLeader
 from frontend_svc.link_tls import LinkTls, PlaintextRefused
 from frontend_svc.scheduler_link import FrontendIdentity, SchedulerLink
 from scheduler_svc.cluster_view import SchedulerRole
-from scheduler_svc.core import FinishReason, RequestRejected
+from scheduler_svc.core import FinishReason
 from scheduler_svc.frontend_link_service import FrontendLinkService
 from scheduler_svc.policy_control import PriorityChangeError
 from tests.e2e.certs import CertAuthority
@@ -62,9 +62,6 @@ def make_link(port: int, tls: LinkTls) -> SchedulerLink:
         FrontendIdentity("fe-tls", "localhost", 1),
         "fake",
         FixedLeader(f"127.0.0.1:{port}"),
-        finish_reasons={r.value: r for r in FinishReason},
-        rejected_error=RequestRejected,
-        priority_error=PriorityChangeError,
         leader_wait_timeout=10.0,
         tls=tls,
     )

@@ -20,6 +20,7 @@ from common.convert import (
 from common.pb import generation_pb2 as gen_pb
 from common.pb import worker_link_pb2 as wl_pb
 from common.tokenizer import load_tokenizer
+from frontend_svc.intake import Intake
 from scheduler_svc.core import (
     CachedRequestData,
     NewRequestData,
@@ -29,7 +30,6 @@ from scheduler_svc.core import (
     SchedulerOutput,
     validate_request,
 )
-from scheduler_svc.intake import Intake
 
 SETTINGS = settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -10,15 +10,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.tokenizer import load_tokenizer
+from frontend_svc.http import create_app
+from frontend_svc.http.build import build_chat, choices
+from frontend_svc.http.protocol import ChatCompletionRequest
+from frontend_svc.intake import Intake
 from scheduler_svc.dashboard.history import DashboardHistory
-from scheduler_svc.http import HttpContext, create_app
-from scheduler_svc.http.build import build_chat, choices
-from scheduler_svc.http.protocol import ChatCompletionRequest
-from scheduler_svc.intake import Intake
 from scheduler_svc.metrics import MetricsObserver, ObserverGroup
 from tests.engine_fakes import (
     TOKENIZER_VOCAB,
     FakeWorker,
+    http_context,
     make_engine,
     reference,
     registration,
@@ -35,7 +36,7 @@ def run(fn, workers: int = 1, api_key: str = "", **engine_overrides):
         intake = Intake(TOK, MODEL, {MODEL}, 512)
         metrics, history = MetricsObserver(engine), DashboardHistory(engine)
         engine.observer = ObserverGroup(metrics, history)
-        ctx = HttpContext(engine, intake, api_key, metrics, history)
+        ctx = http_context(engine, intake, api_key, metrics, history)
         sessions = [
             engine.attach(registration(f"w{i}"), FakeWorker(vocab_size=TOKENIZER_VOCAB))
             for i in range(workers)
@@ -207,7 +208,7 @@ def test_bad_requests_get_openai_error_bodies(payload, status, needle):
 def test_a_chat_message_without_content_is_refused_not_run(messages, needle):
     async def body(client, ctx):
         r = await client.post("/v1/chat/completions", json={"messages": messages})
-        return r, dict(ctx.engine.requests)
+        return r, dict(ctx.scheduler.engine.requests)
 
     r, in_flight = run(body)
     assert r.status_code == 400, r.text
@@ -387,12 +388,12 @@ def test_client_disconnect_mid_stream_drops_the_request():
         }
         await asyncio.wait_for(app(scope, receive, send), 10)
         for _ in range(100):
-            if not ctx.engine.requests:
+            if not ctx.scheduler.engine.requests:
                 break
             await asyncio.sleep(0.01)
-        session = ctx.engine.sessions["w0"]
+        session = ctx.scheduler.engine.sessions["w0"]
         await asyncio.sleep(0.05)
-        return chunks, ctx.engine.requests, session.scheduler.stats()
+        return chunks, ctx.scheduler.engine.requests, session.scheduler.stats()
 
     chunks, in_flight, stats = run(body)
     assert chunks and not in_flight
@@ -403,8 +404,8 @@ def test_client_disconnect_mid_stream_drops_the_request():
 
 def test_infinite_logprobs_become_finite_json():
     from common.convert import TokenLogprobs
-    from scheduler_svc.http.format import ResponseFormatter
-    from scheduler_svc.request_state import StreamDelta
+    from frontend_svc.client_request import StreamDelta
+    from frontend_svc.http.format import ResponseFormatter
 
     fmt = ResponseFormatter(True, "id", MODEL, 3, TOK, want_logprobs=True)
     delta = StreamDelta(
@@ -424,8 +425,8 @@ def test_n_choices_share_the_prompt_computed_once_and_count_it_once_in_usage():
             json={"prompt": PROMPT_40, "n": 3, "max_tokens": 6, "temperature": 0},
         )
         await asyncio.sleep(0.05)
-        (session,) = ctx.engine.sessions.values()
-        return r, session.scheduler.stats(), dict(ctx.engine.requests)
+        (session,) = ctx.scheduler.engine.sessions.values()
+        return r, session.scheduler.stats(), dict(ctx.scheduler.engine.requests)
 
     r, stats, in_flight = run(body)
     assert r.status_code == 200, r.text
@@ -553,7 +554,9 @@ def test_constraints_reach_the_sampling_params(extra, kind):
 def test_a_bad_constraint_is_a_400_with_the_reason(extra, needle):
     async def body(client, ctx):
         payload = {"messages": [{"role": "user", "content": "hi"}], **extra}
-        return await client.post("/v1/chat/completions", json=payload), dict(ctx.engine.requests)
+        return await client.post("/v1/chat/completions", json=payload), dict(
+            ctx.scheduler.engine.requests
+        )
 
     r, in_flight = run(body)
     assert r.status_code == 400, r.text

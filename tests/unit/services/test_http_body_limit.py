@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from scheduler_svc.http.body_limit import BodyLimitMiddleware
+from frontend_svc.http.body_limit import BodyLimitMiddleware
 
 CAP = 1000
 

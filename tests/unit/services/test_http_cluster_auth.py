@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from scheduler_svc.http import HttpContext, create_app
+from frontend_svc.http import create_app
 from splitserve import status
-from tests.engine_fakes import make_engine
+from tests.engine_fakes import http_context, make_engine
 from tests.unit.services.test_http_server_limits import serving
 
 KEY = "s3cret"
@@ -30,7 +30,7 @@ BODY = {
 
 
 def app(api_key: str):
-    ctx = HttpContext(make_engine(), None, api_key, cluster=lambda: BODY)
+    ctx = http_context(make_engine(), None, api_key, cluster=lambda: BODY)
     return create_app(ctx)
 
 

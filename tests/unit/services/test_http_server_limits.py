@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from scheduler_svc.http import HttpServer
+from frontend_svc.http import HttpServer
 
 CAP = 64 * 1024
 WAIT_S = 30.0  # how long a socket read may wait before the test gives up (never asserted on)

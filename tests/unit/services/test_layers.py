@@ -1,12 +1,15 @@
-"""Imports point down the layers only, and no module imports itself back (DESIGN.md, "Layers").
+"""Imports point down the layers only, and no module imports itself back (docs/architecture.md).
 
     composition root   splitserve/                                      may import anything
     services           scheduler_svc/ outside core/ | worker_svc/link.py, main.py | frontend_svc/
     cores              scheduler_svc/core/          | the rest of worker_svc/
     wire types         common/
 
-A service imports its own core and the wire types, never another service; the two cores import
-the wire types only, never each other. splitserve/loadgen/ (the `splitserve bench serve` client)
+A service imports its own core and the wire types, never another service (frontend_svc and
+scheduler_svc meet in the composition root, splitserve/embedded.py or over the FrontendLink);
+the two cores import the wire types only, never each other. The scheduler service reaches no
+client-side library (HTTP framework, tokenizer, templates): everything a client touches is
+frontend_svc's. splitserve/loadgen/ (the `splitserve bench serve` client)
 is a client of the wire types. Neither core reaches gRPC, and the scheduler core no torch, through
 anything it imports. Every import counts, at any depth: module level, inside functions (lazy
 imports) and under TYPE_CHECKING (a type named there is still a dependency).
@@ -50,8 +53,10 @@ MAY_IMPORT = {
 }
 # third-party packages a component must not reach, directly or through what it imports
 GRPC = ("grpc", "grpc_health", "grpc_reflection", "grpc_tools")
+CLIENT_SIDE = ("fastapi", "starlette", "uvicorn", "tokenizers", "transformers", "jinja2")
 NEVER_REACHES = {
-    "scheduler core": (*GRPC, "torch"),
+    "scheduler core": (*GRPC, "torch", *CLIENT_SIDE),
+    "scheduler service": ("torch", *CLIENT_SIDE),
     "worker model": GRPC,
 }
 

@@ -26,7 +26,7 @@ from common.pb import frontend_link_pb2 as fpb
 from common.pb import frontend_link_pb2_grpc, worker_link_pb2_grpc
 from common.pb import worker_link_pb2 as wpb
 from scheduler_svc.config import SchedulerServiceConfig
-from scheduler_svc.main import SchedulerServer
+from splitserve.scheduler_process import SchedulerServer
 
 
 def run_async(test):

@@ -11,11 +11,11 @@ import pytest
 
 from common.pb import generation_pb2 as pb
 from common.tokenizer import load_tokenizer
-from scheduler_svc.generation_service import GenerationService
-from scheduler_svc.http import HttpContext, create_app
-from scheduler_svc.intake import Intake
+from frontend_svc.generation_service import GenerationService
+from frontend_svc.http import create_app
+from frontend_svc.intake import Intake
 from scheduler_svc.policy_control import PriorityChangeError, set_priority
-from tests.engine_fakes import FakeWorker, make_engine, make_state, registration
+from tests.engine_fakes import FakeWorker, http_context, make_engine, make_state, registration
 
 
 class Aborted(Exception):
@@ -79,7 +79,7 @@ def test_fcfs_keeps_arrival_order_but_records_the_priority():
 def test_grpc_set_priority_status_codes():
     async def main():
         engine = make_engine(scheduling_policy="priority")
-        service = GenerationService(engine, intake=None)
+        service = GenerationService(engine.client, intake=None)
         submit(engine, "a", 1)
         submit(engine, "b", 2)
         reply = await service.SetPriority(
@@ -106,7 +106,7 @@ def test_http_route():
 
     async def main():
         engine = make_engine(scheduling_policy="priority")
-        ctx = HttpContext(engine, Intake(tok, "fake", {"fake"}, 512))
+        ctx = http_context(engine, Intake(tok, "fake", {"fake"}, 512))
         transport = httpx.ASGITransport(app=create_app(ctx))
         submit(engine, "a", 1)
         submit(engine, "b", 2)

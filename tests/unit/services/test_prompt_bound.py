@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from common.pb import generation_pb2 as pb
 from common.pb import sampling_pb2
 from common.tokenizer import Tokenizer
+from frontend_svc.generation_service import GenerationService
+from frontend_svc.intake import Intake
 from scheduler_svc.core import RequestRejected
-from scheduler_svc.generation_service import GenerationService
-from scheduler_svc.intake import Intake
 from tests.engine_fakes import make_engine
 from tests.unit.services.test_http_api import MODEL, TOK, run
 
@@ -125,7 +125,7 @@ class FakeContext:
 
 def generate(request: pb.GenerateRequest) -> tuple:
     async def main():
-        service = GenerationService(make_engine(), Intake(TOK, MODEL, {MODEL}, MAX_LEN))
+        service = GenerationService(make_engine().client, Intake(TOK, MODEL, {MODEL}, MAX_LEN))
         with pytest.raises(Aborted) as info:
             async for _ in service.Generate(request, FakeContext()):
                 pass

@@ -1,4 +1,4 @@
-"""RequestState's delta stream: asyncio.Queue's behaviour for one consumer, woken per put."""
+"""ClientRequest's delta stream: asyncio.Queue's behaviour for one consumer, woken per put."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from scheduler_svc.request_state import DeltaStream, StreamDelta
+from frontend_svc.client_request import DeltaStream, StreamDelta
 
 
 def delta(i: int) -> StreamDelta:
@@ -76,8 +76,8 @@ def test_push_token_streams_what_push_tokens_streams(stop, table):
     one: byte table or not, stop strings, characters split over tokens, a finished request."""
     from common.messages import SamplingParams
     from common.tokenizer import load_tokenizer
-    from scheduler_svc.detokenizer import IncrementalDetokenizer
-    from scheduler_svc.request_state import RequestState
+    from frontend_svc.client_request import ClientRequest
+    from frontend_svc.detokenizer import IncrementalDetokenizer
 
     tok = load_tokenizer(None)
     decoder = tok if table else type("Plain", (), {"decode": staticmethod(tok.decode)})()
@@ -87,7 +87,7 @@ def test_push_token_streams_what_push_tokens_streams(stop, table):
 
     def state():
         detok = IncrementalDetokenizer.for_prompt(decoder, [1], True, list(stop))
-        return RequestState("r", [1], SamplingParams(max_tokens=100), detok, worker_id="w0")
+        return ClientRequest("r", [1], SamplingParams(max_tokens=100), detok, worker_id="w0")
 
     fast, general = state(), state()
     for step, token_id in enumerate(ids):
@@ -128,15 +128,15 @@ def test_held_tokens_go_with_the_last_delta_of_any_ending():
     is aborted or fails: the last delta carries them."""
     from common.messages import SamplingParams
     from common.tokenizer import load_tokenizer
+    from frontend_svc.client_request import ClientRequest
+    from frontend_svc.detokenizer import IncrementalDetokenizer
     from scheduler_svc.core.request import FinishReason
-    from scheduler_svc.detokenizer import IncrementalDetokenizer
-    from scheduler_svc.request_state import RequestState
 
     tok = load_tokenizer(None)
     ids = tok.encode("one two three four five six")
     for ending in ("length", "abort", "fail"):
         detok = IncrementalDetokenizer.for_prompt(tok, [1], True, [])
-        state = RequestState("r", [1], SamplingParams(max_tokens=50), detok, stream_interval=4)
+        state = ClientRequest("r", [1], SamplingParams(max_tokens=50), detok, stream_interval=4)
         for i, t in enumerate(ids[:-1]):
             state.push_token([t], float(i))
         if ending == "length":
@@ -162,15 +162,15 @@ def test_tokens_held_when_the_interval_drops_go_first_with_the_next(fast):
     the end: " Paris.\nThe answer is\n:" for " Paris.\n\nThe answer is:")."""
     from common.messages import SamplingParams
     from common.tokenizer import load_tokenizer
+    from frontend_svc.client_request import ClientRequest
+    from frontend_svc.detokenizer import IncrementalDetokenizer
     from scheduler_svc.core.request import FinishReason
-    from scheduler_svc.detokenizer import IncrementalDetokenizer
-    from scheduler_svc.request_state import RequestState
 
     tok = load_tokenizer(None)
     text = " Paris.\n\nThe answer is:"
     ids = tok.encode(text)
     detok = IncrementalDetokenizer.for_prompt(tok, [1], True, [])
-    state = RequestState("r", [1], SamplingParams(max_tokens=50), detok, stream_interval=4)
+    state = ClientRequest("r", [1], SamplingParams(max_tokens=50), detok, stream_interval=4)
     for i, t in enumerate(ids[:-1]):
         if i == 3:  # tokens 1 and 2 are held
             state.set_stream_interval(1)

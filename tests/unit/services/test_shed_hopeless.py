@@ -11,9 +11,9 @@ import pytest
 
 from common.pb import generation_pb2 as pb
 from common.pb import sampling_pb2
+from frontend_svc.generation_service import GenerationService
+from frontend_svc.intake import Intake
 from scheduler_svc.core import FinishReason
-from scheduler_svc.generation_service import GenerationService
-from scheduler_svc.intake import Intake
 from tests.engine_fakes import (
     TOKENIZER_VOCAB,
     FakeWorker,
@@ -143,7 +143,7 @@ def test_hopeless_request_is_resource_exhausted_over_grpc():
         engine = make_engine(TOKENIZER_VOCAB, scheduling_policy="goodput", shed_hopeless=True)
         session = engine.attach(registration("w"), FakeWorker(vocab_size=TOKENIZER_VOCAB))
         task = asyncio.create_task(run_session(engine, session))
-        service = GenerationService(engine, Intake(TOK, MODEL, {MODEL}, 512))
+        service = GenerationService(engine.client, Intake(TOK, MODEL, {MODEL}, 512))
         request = pb.GenerateRequest(
             text="Hello world",
             sampling=sampling_pb2.SamplingParams(max_tokens=400, temperature=0.0),
@@ -217,7 +217,8 @@ def test_ttft_and_tpot_targets_per_request_and_per_tenant_reach_goodput_and_metr
 
 
 def test_targets_travel_over_grpc_into_the_core_request():
-    from scheduler_svc.intake import FieldRejected
+    from frontend_svc.intake import FieldRejected
+    from splitserve.embedded import in_flight_record
 
     intake = Intake(TOK, MODEL, {MODEL}, 512)
     req = pb.GenerateRequest(
@@ -226,7 +227,7 @@ def test_targets_travel_over_grpc_into_the_core_request():
         ttft_target_s=0.5,
         tpot_target_s=0.05,
     )
-    core = intake.build(req).to_core_request()
+    core = in_flight_record(intake.build(req), sink=None).to_core_request()
     assert core.ttft_deadline == pytest.approx(core.arrival_time + 0.5)
     assert core.tpot_target_s == 0.05
     with pytest.raises(FieldRejected):

@@ -12,11 +12,11 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from common.tokenizer import load_tokenizer
+from frontend_svc.http import create_app
+from frontend_svc.intake import Intake
 from scheduler_svc.core import SchedulerOutput
-from scheduler_svc.http import HttpContext, create_app
-from scheduler_svc.intake import Intake
 from scheduler_svc.worker_session import ExecuteTransport, StepReply
-from tests.engine_fakes import TOKENIZER_VOCAB, make_engine, registration, run_session
+from tests.engine_fakes import TOKENIZER_VOCAB, http_context, make_engine, registration, run_session
 
 TOK = load_tokenizer(None)
 WEATHER = {
@@ -74,7 +74,7 @@ def post(text: str, payload: dict) -> tuple[httpx.Response, ScriptedWorker]:
 
     async def main():
         engine = make_engine(TOKENIZER_VOCAB)
-        ctx = HttpContext(engine, Intake(TOK, "fake", {"fake"}, 512))
+        ctx = http_context(engine, Intake(TOK, "fake", {"fake"}, 512))
         session = engine.attach(registration("w0", num_blocks=256), worker)
         task = asyncio.create_task(run_session(engine, session))
         transport = httpx.ASGITransport(app=create_app(ctx))

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from scheduler_svc.http.tool_parser import (
+from frontend_svc.http.tool_parser import (
     NamedCallParser,
     ParsedDelta,
     ToolCallParser,

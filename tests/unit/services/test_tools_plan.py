@@ -9,12 +9,12 @@ from llguidance import LLMatcher
 
 from common import structured
 from common.tokenizer import load_tokenizer
-from scheduler_svc.http.build import build_chat, chat_messages
-from scheduler_svc.http.errors import OpenAIError
-from scheduler_svc.http.protocol import ChatCompletionRequest
-from scheduler_svc.http.tool_prompt import template_inputs, template_renders_tools
-from scheduler_svc.http.tools import calls_schema, tool_plan
-from scheduler_svc.intake import Intake
+from frontend_svc.http.build import build_chat, chat_messages
+from frontend_svc.http.errors import OpenAIError
+from frontend_svc.http.protocol import ChatCompletionRequest
+from frontend_svc.http.tool_prompt import template_inputs, template_renders_tools
+from frontend_svc.http.tools import calls_schema, tool_plan
+from frontend_svc.intake import Intake
 
 TOK = load_tokenizer(None)
 LL = structured.ll_tokenizer(TOK, TOK.eos_token_id)

@@ -134,14 +134,14 @@ def test_an_impossible_token_cuts_its_worker_off_and_its_requests_finish_elsewhe
             states = [make_state(f"r{i}", [40 + i, 41, 42, 43], 12) for i in range(6)]
             for state in states:
                 engine.submit(state)
-            on_rogue = [s for s in states if s.worker_id == "rogue"]
+            on_rogue = [s for s in states if engine.record(s).worker_id == "rogue"]
             assert on_rogue and len(on_rogue) < len(states)
             results = await asyncio.gather(*(drain(s) for s in states))
             for state, (tokens, deltas) in zip(states, results, strict=True):
                 assert tokens == reference(state.prompt_token_ids, 12)
                 assert deltas[-1].finish_reason == FinishReason.LENGTH
                 assert all(lp.token_id < VOCAB for d in deltas for lp in d.logprobs or ())
-            assert all(s.num_migrations == 1 for s in on_rogue)
+            assert all(engine.record(s).num_migrations == 1 for s in on_rogue)
             [(worker_id, reason)] = observer.detached
             assert worker_id == "rogue" and "vocabulary size 1000" in reason
             assert engine.sessions["good"] is good and not good.lost
@@ -173,7 +173,7 @@ def test_token_ids_outside_the_vocabulary_never_reach_a_worker_from_a_front_end(
             engine.submit(make_state("bad-prompt", [5, VOCAB], 4))
         moved = make_state("bad-output", [5, 6], 4)
         moved.output_token_ids = [7, 999_999_999]
-        engine.resume([moved])
+        engine.resume_client([moved])
         _, deltas = await drain(moved)
         assert deltas[-1].error_code == "INVALID_ARGUMENT" and "vocabulary" in deltas[-1].error
         fine = make_state("fine", [5, 6], 4)

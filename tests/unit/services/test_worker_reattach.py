@@ -51,7 +51,7 @@ def test_a_worker_restarted_under_its_id_serves_after_its_old_link_ends():
             tokens, deltas = await drain(state)
             assert tokens == reference(state.prompt_token_ids, 6)
             assert deltas[-1].finish_reason == FinishReason.LENGTH
-            assert state.worker_id is None  # finished
+            assert engine.record(state).worker_id is None  # finished
         task.cancel()
 
     asyncio.run(main())
@@ -74,7 +74,7 @@ def test_a_lost_worker_registers_again_under_its_id():
         task = asyncio.create_task(engine.run_worker(again))
         tokens, _ = await drain(state)
         assert tokens == reference([9, 8, 7], 50)
-        assert state.num_migrations == 1
+        assert engine.record(state).num_migrations == 1
         task.cancel()
 
     asyncio.run(main())
