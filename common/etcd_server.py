@@ -14,9 +14,8 @@ loopback.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import importlib.util
+import os
 import shutil
 import signal
 import socket
@@ -27,7 +26,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -50,20 +48,30 @@ _INSTALL_HINT = (
     "or install Debian's etcd-server so that `etcd` is on PATH"
 )
 _WILDCARDS = ("0.0.0.0", "::", "")
-_PR_SET_PDEATHSIG = 1
 
 
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A preexec_fn that has Linux send etcd SIGTERM when the thread that started it ends, so
-    that a killed parent leaves no etcd behind. Only from the main thread: its end is the
-    process's end, while a worker thread (asyncio.to_thread) ends long before the process."""
+# Execs etcd with Linux's parent-death signal set, so that a killed parent leaves no etcd behind.
+# A wrapper program, not a preexec_fn: Python code between fork and exec runs gRPC's fork
+# handlers in the child, which abort it (SIGABRT) when a gRPC poller is busy at that moment.
+_EXEC_WITH_PDEATHSIG = """
+import ctypes, ctypes.util, os, signal, sys
+ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl(1, signal.SIGTERM)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("etcd's parent ended before etcd started")
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _with_parent_death_signal(argv: list[str]) -> list[str]:
+    """argv run so that etcd gets SIGTERM when the thread that started it ends. Only from the
+    main thread: its end is the process's end, while a worker thread (asyncio.to_thread) ends
+    long before the process."""
     if (
         not sys.platform.startswith("linux")
         or threading.current_thread() is not threading.main_thread()
     ):
-        return None
-    prctl = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl
-    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        return argv
+    return [sys.executable, "-c", _EXEC_WITH_PDEATHSIG, str(os.getpid()), *argv]
 
 
 def etcd_binary() -> str:
@@ -134,11 +142,10 @@ class EtcdServer:
             self.metrics_port = free_port("127.0.0.1")
         self._log_file = open(self.log_path, "ab")  # closed by stop()
         self._process = subprocess.Popen(
-            [binary, *self._flags()],
+            _with_parent_death_signal([binary, *self._flags()]),
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
-            preexec_fn=_parent_death_signal(),
         )
         try:
             self._wait_healthy(timeout)
