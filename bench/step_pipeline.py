@@ -42,8 +42,8 @@ from common.tokenizer import load_tokenizer  # noqa: E402
 from frontend_svc.intake import Intake  # noqa: E402
 from scheduler_svc.config import SchedulerServiceConfig  # noqa: E402
 from scheduler_svc.core import SamplingParams, restore_gc, tune_gc_for_serving  # noqa: E402
-from scheduler_svc.engine import ServingEngine  # noqa: E402
-from scheduler_svc.worker_session import StepReply, WorkerRegistration  # noqa: E402
+from scheduler_svc.engine.serving_engine import ServingEngine  # noqa: E402
+from scheduler_svc.engine.worker_session import StepReply, WorkerRegistration  # noqa: E402
 from worker_svc.sim_runner import sim_next_token  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """A request as the front-end keeps it: its text so far, stop strings, pacing and the client's
-stream. The scheduler side keeps its own slim record (scheduler_svc/in_flight.py)."""
+stream. The scheduler side keeps its own slim record (scheduler_svc/engine/in_flight.py)."""
 
 from __future__ import annotations
 

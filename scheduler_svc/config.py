@@ -41,7 +41,7 @@ class SchedulerEndpoint:
 @config_group(LIMITS)
 class WorkerStepLimits:
     """Per worker; a worker that reports a smaller capacity in its Register is scheduled within
-    its own (scheduler_svc/worker_limits.py)."""
+    its own (scheduler_svc/engine/worker_limits.py)."""
 
     max_num_batched_tokens: int = opt(
         2048,

@@ -21,16 +21,17 @@ from common.pb import (
     worker_link_pb2,
     worker_link_pb2_grpc,
 )
-from scheduler_svc.cluster_view import SchedulerRole, cluster_status
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.core import SchedulerConfig
 from scheduler_svc.core.speculative import SpeculativeConfig
-from scheduler_svc.dashboard.history import DashboardHistory
-from scheduler_svc.engine import ServingEngine
-from scheduler_svc.frontend_link_service import FrontendLinkService
-from scheduler_svc.leadership import RoleCollector
-from scheduler_svc.metrics import MetricsObserver, ObserverGroup
-from scheduler_svc.worker_link_service import WorkerLinkService
+from scheduler_svc.engine.serving_engine import ServingEngine
+from scheduler_svc.ha.cluster_view import SchedulerRole, cluster_status
+from scheduler_svc.ha.leadership import RoleCollector
+from scheduler_svc.links.frontend_link import FrontendLinkService
+from scheduler_svc.links.worker_link import WorkerLinkService
+from scheduler_svc.obs.dashboard_history import DashboardHistory
+from scheduler_svc.obs.engine_observer import ObserverGroup
+from scheduler_svc.obs.metrics import MetricsObserver
 
 log = get_logger("splitserve.scheduler")
 WORKER_LINK_MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a step may carry many long new prompts

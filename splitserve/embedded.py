@@ -15,10 +15,10 @@ from common.convert import TokenLogprobs
 from common.outcomes import FinishReason, RequestRejected
 from frontend_svc.client_request import ClientRequest
 from frontend_svc.client_streams import ClientStreams
-from scheduler_svc import cluster_view
-from scheduler_svc.engine import ServingEngine
-from scheduler_svc.in_flight import InFlightRequest
-from scheduler_svc.policy_control import set_priority
+from scheduler_svc.engine.in_flight import InFlightRequest
+from scheduler_svc.engine.priority_change import set_priority
+from scheduler_svc.engine.serving_engine import ServingEngine
+from scheduler_svc.ha import cluster_view
 
 
 class EngineCounts:

@@ -18,12 +18,12 @@ from common.link_auth import role_credentials, target_host
 from common.logging import configure_logging, get_logger
 from common.model_source import resolve_model
 from common.tokenizer import load_tokenizer
+from frontend_svc.client_api import ClientApi, Operations
 from frontend_svc.config import FrontendConfig
 from frontend_svc.intake import Intake
 from frontend_svc.leader_finder import EtcdLeader, FixedLeader
 from frontend_svc.link_tls import LinkTls
 from frontend_svc.scheduler_link import FrontendIdentity, SchedulerLink
-from frontend_svc.server import ClientApi, Operations
 
 log = get_logger("splitserve.frontend")
 

@@ -15,10 +15,10 @@ from common import event_loop
 from common.gc_tuning import tune_gc_for_serving
 from common.logging import configure_logging, get_logger
 from common.tokenizer import load_tokenizer
+from frontend_svc.client_api import ClientApi, Operations
 from frontend_svc.intake import Intake
-from frontend_svc.server import ClientApi, Operations
 from scheduler_svc.config import SchedulerServiceConfig
-from scheduler_svc.leadership import lead, member_info
+from scheduler_svc.ha.leadership import lead, member_info
 from scheduler_svc.service import SchedulerService
 from splitserve.embedded import InProcessScheduler
 

@@ -9,9 +9,14 @@ from frontend_svc.client_request import ClientRequest
 from frontend_svc.detokenizer import IncrementalDetokenizer
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.core import SamplingParams, SchedulerOutput
-from scheduler_svc.engine import ServingEngine
-from scheduler_svc.in_flight import InFlightRequest
-from scheduler_svc.worker_session import ExecuteTransport, StepReply, WorkerLost, WorkerRegistration
+from scheduler_svc.engine.in_flight import InFlightRequest
+from scheduler_svc.engine.serving_engine import ServingEngine
+from scheduler_svc.engine.worker_session import (
+    ExecuteTransport,
+    StepReply,
+    WorkerLost,
+    WorkerRegistration,
+)
 from splitserve.embedded import InProcessScheduler, in_flight_record
 
 VOCAB = 1000  # the fake model's; tests that tokenize real text give the engine TOKENIZER_VOCAB

@@ -45,7 +45,7 @@ class KvCacheOptions:
 @config_group(LIMITS)
 class WorkerCapacity:
     """What this worker can hold; reported in its Register, where the scheduler takes the
-    smaller of each and its own flag of the same name (scheduler_svc/worker_limits.py)."""
+    smaller of each and its own flag of the same name (scheduler_svc/engine/worker_limits.py)."""
 
     max_model_len: int | None = opt(
         None,

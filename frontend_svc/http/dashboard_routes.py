@@ -1,5 +1,5 @@
 """/dashboard (the page), /dashboard/api/state (JSON), /dashboard/api/events (SSE, 1 s): the
-scheduler's state (scheduler_svc/dashboard/history.py) as the HTTP server it runs with shows it."""
+scheduler's state (scheduler_svc/obs/dashboard_history.py) as its HTTP server shows it."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ queue ordered by one policy object, as the serving engine's workers do. Time is 
 step's duration comes from the StepCostModel, nothing sleeps, so thousands of requests take
 seconds. The "model" samples a fixed token; requests ignore EOS and stop at their trace output
 length. Arrivals pass the same SLO admission and thrash backpressure checks as the service
-(scheduler_svc/slo.py), then the core's own validation (a request that can never run is
-refused at once).
+(scheduler_svc/engine/slo_admission.py), then the core's own validation (a request that can
+never run is refused at once).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler_svc.admission import Overloaded
 from scheduler_svc.core import (
     Request,
     RequestRejected,
@@ -29,7 +28,8 @@ from scheduler_svc.core import (
     create_request_queue,
 )
 from scheduler_svc.core.remaining_work import targets_met
-from scheduler_svc.slo import SloAdmission
+from scheduler_svc.engine.slo_admission import SloAdmission
+from scheduler_svc.engine.tenant_admission import Overloaded
 from splitserve.sim.costmodel import StepCostModel
 from splitserve.sim.trace import TraceRequest
 

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common.pb import generation_pb2 as gen_pb
 from frontend_svc.observer import FrontendObserver
-from scheduler_svc.metrics import WorkerCollector
+from scheduler_svc.obs.worker_collector import WorkerCollector
 
 MSP = {
     "vllm:num_requests_running",

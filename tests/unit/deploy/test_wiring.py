@@ -357,7 +357,7 @@ def scheduler_metric_names() -> set[str]:
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from scheduler_svc.metrics import WorkerCollector
+    from scheduler_svc.obs.worker_collector import WorkerCollector
 
     stats = SimpleNamespace(
         num_running=1, num_waiting=2, kv_usage=0.5, num_used_blocks=5, num_total_blocks=10

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.admission import Overloaded
 from scheduler_svc.core import Request, Scheduler
-from scheduler_svc.slo import SloAdmission, StepTimeModel, ThrashMonitor, tokens_ahead
+from scheduler_svc.engine.slo_admission import (
+    SloAdmission,
+    StepTimeModel,
+    ThrashMonitor,
+    tokens_ahead,
+)
+from scheduler_svc.engine.tenant_admission import Overloaded
 from tests.factories import request, scheduler_factory
 
 
@@ -125,7 +130,7 @@ def test_window_keeps_enough_tokens_on_a_slow_worker():
 
 
 def test_backpressure_refuses_with_the_reason_and_metrics_show_it():
-    from scheduler_svc.metrics import MetricsObserver
+    from scheduler_svc.obs.metrics import MetricsObserver
     from tests.engine_fakes import make_engine
     from tests.unit.services.test_metrics import values
 

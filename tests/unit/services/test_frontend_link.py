@@ -16,10 +16,10 @@ import pytest
 from common.pb import frontend_link_pb2_grpc
 from frontend_svc.leader_finder import FixedLeader
 from frontend_svc.scheduler_link import FrontendIdentity, SchedulerLink
-from scheduler_svc.cluster_view import SchedulerRole
 from scheduler_svc.core import FinishReason, RequestRejected
-from scheduler_svc.frontend_link_service import FrontendLinkService
-from scheduler_svc.worker_session import HeldRequest
+from scheduler_svc.engine.worker_session import HeldRequest
+from scheduler_svc.ha.cluster_view import SchedulerRole
+from scheduler_svc.links.frontend_link import FrontendLinkService
 from tests.e2e.procs import free_port
 from tests.engine_fakes import (
     FakeWorker,
@@ -215,7 +215,7 @@ async def test_a_sibling_of_an_n_group_waits_for_the_first_prompt_across_the_lin
 
 
 def test_a_requests_targets_cross_the_link_to_the_leaders_record():
-    from scheduler_svc.in_flight import from_submit
+    from scheduler_svc.engine.in_flight import from_submit
 
     link = make_link(1)
     state = make_state("t", [5, 6, 7], 4)

@@ -19,10 +19,10 @@ from common.pb import frontend_link_pb2_grpc
 from frontend_svc.leader_finder import FixedLeader
 from frontend_svc.link_tls import LinkTls, PlaintextRefused
 from frontend_svc.scheduler_link import FrontendIdentity, SchedulerLink
-from scheduler_svc.cluster_view import SchedulerRole
 from scheduler_svc.core import FinishReason
-from scheduler_svc.frontend_link_service import FrontendLinkService
-from scheduler_svc.policy_control import PriorityChangeError
+from scheduler_svc.engine.priority_change import PriorityChangeError
+from scheduler_svc.ha.cluster_view import SchedulerRole
+from scheduler_svc.links.frontend_link import FrontendLinkService
 from tests.e2e.certs import CertAuthority
 from tests.engine_fakes import (
     FakeWorker,

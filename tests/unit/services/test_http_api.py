@@ -14,8 +14,9 @@ from frontend_svc.http import create_app
 from frontend_svc.http.build import build_chat, choices
 from frontend_svc.http.protocol import ChatCompletionRequest
 from frontend_svc.intake import Intake
-from scheduler_svc.dashboard.history import DashboardHistory
-from scheduler_svc.metrics import MetricsObserver, ObserverGroup
+from scheduler_svc.obs.dashboard_history import DashboardHistory
+from scheduler_svc.obs.engine_observer import ObserverGroup
+from scheduler_svc.obs.metrics import MetricsObserver
 from tests.engine_fakes import (
     TOKENIZER_VOCAB,
     FakeWorker,

@@ -1,5 +1,5 @@
 """A standby deposes a leader whose process is gone without waiting out its lease, and leaves a
-frozen one to the lease (scheduler_svc/leader_probe.py against a real etcd)."""
+frozen one to the lease (scheduler_svc/ha/leader_probe.py against a real etcd)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 from common.coordination import Coordinator, cancel_and_wait
-from scheduler_svc.leader_probe import depose_dead_leaders
+from scheduler_svc.ha.leader_probe import depose_dead_leaders
 from tests.unit.services.test_coordination import _read_line
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -9,8 +9,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler_svc.core import FinishReason
-from scheduler_svc.metrics import MetricsObserver, ObserverGroup
-from scheduler_svc.observer import EngineObserver
+from scheduler_svc.obs.engine_observer import EngineObserver, ObserverGroup
+from scheduler_svc.obs.metrics import MetricsObserver
 
 
 def values(obs: MetricsObserver) -> dict:

@@ -14,7 +14,7 @@ from common.tokenizer import load_tokenizer
 from frontend_svc.generation_service import GenerationService
 from frontend_svc.http import create_app
 from frontend_svc.intake import Intake
-from scheduler_svc.policy_control import PriorityChangeError, set_priority
+from scheduler_svc.engine.priority_change import PriorityChangeError, set_priority
 from tests.engine_fakes import FakeWorker, http_context, make_engine, make_state, registration
 
 

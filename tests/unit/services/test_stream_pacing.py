@@ -2,7 +2,7 @@
 
 import pytest
 
-from scheduler_svc.stream_pacing import MAX_ADAPTIVE_INTERVAL, StreamPacer
+from scheduler_svc.engine.stream_pacing import MAX_ADAPTIVE_INTERVAL, StreamPacer
 
 
 def feed(pacer: StreamPacer, idle_s: float, seconds: float, start: float, dt: float = 0.05):

@@ -15,7 +15,7 @@ from common.tokenizer import load_tokenizer
 from frontend_svc.http import create_app
 from frontend_svc.intake import Intake
 from scheduler_svc.core import SchedulerOutput
-from scheduler_svc.worker_session import ExecuteTransport, StepReply
+from scheduler_svc.engine.worker_session import ExecuteTransport, StepReply
 from tests.engine_fakes import TOKENIZER_VOCAB, http_context, make_engine, registration, run_session
 
 TOK = load_tokenizer(None)

@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from scheduler_svc import worker_limits
-from scheduler_svc.worker_session import WorkerRegistration
+from scheduler_svc.engine import worker_limits
+from scheduler_svc.engine.worker_session import WorkerRegistration
 from tests.engine_fakes import FakeWorker, make_engine, registration
 from tests.unit.services.test_worker_link_epoch import register, with_link
 

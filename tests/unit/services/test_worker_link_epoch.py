@@ -10,8 +10,8 @@ import grpc
 
 from common.pb import worker_link_pb2 as pb
 from common.pb import worker_link_pb2_grpc as pb_grpc
-from scheduler_svc.worker_link_service import WorkerLinkService
-from scheduler_svc.worker_session import HeldRequest
+from scheduler_svc.engine.worker_session import HeldRequest
+from scheduler_svc.links.worker_link import WorkerLinkService
 from tests.engine_fakes import make_engine, make_state
 
 

@@ -26,8 +26,8 @@ from common.model_source import read_vocab_size, resolve_model
 from common.pb import worker_link_pb2 as pb
 from common.pb import worker_link_pb2_grpc as pb_grpc
 from scheduler_svc.core import FinishReason, RequestRejected
-from scheduler_svc.observer import EngineObserver
-from scheduler_svc.worker_link_service import WorkerLinkService
+from scheduler_svc.links.worker_link import WorkerLinkService
+from scheduler_svc.obs.engine_observer import EngineObserver
 from tests.engine_fakes import (
     VOCAB,
     FakeWorker,

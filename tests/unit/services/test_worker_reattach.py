@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from scheduler_svc.core import FinishReason
-from scheduler_svc.observer import EngineObserver
+from scheduler_svc.obs.engine_observer import EngineObserver
 from tests.engine_fakes import (
     FakeWorker,
     drain,

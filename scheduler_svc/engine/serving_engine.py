@@ -14,40 +14,40 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from common.convert import TokenLogprobs
 from common.logging import get_logger
-from scheduler_svc import cluster_view, placement, worker_limits
-from scheduler_svc.admission import AdmissionControl, parse_tenant_seconds, parse_tenants
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.core import (
     FinishReason,
     Request,
-    RequestOutput,
     RequestRejected,
-    Scheduler,
-    SchedulerOutput,
     SchedulerStats,
     create_policy,
     create_request_queue,
     validate_request,
 )
-from scheduler_svc.core.remaining_work import StepFit
 from scheduler_svc.core.speculative import SpeculativeConfig
-from scheduler_svc.in_flight import InFlightRequest
-from scheduler_svc.observer import EngineObserver
-from scheduler_svc.policy_control import set_priority
-from scheduler_svc.slo import SloAdmission
-from scheduler_svc.stream_pacing import StreamPacer
-from scheduler_svc.worker_session import (
-    WorkerLost,
+from scheduler_svc.engine import placement
+from scheduler_svc.engine.in_flight import InFlightRequest
+from scheduler_svc.engine.slo_admission import SloAdmission
+from scheduler_svc.engine.step_loop import StepLoop
+from scheduler_svc.engine.stream_pacing import StreamPacer
+from scheduler_svc.engine.takeover import Takeover
+from scheduler_svc.engine.tenant_admission import (
+    AdmissionControl,
+    parse_tenant_seconds,
+    parse_tenants,
+)
+from scheduler_svc.engine.worker_pool import WorkerPool
+from scheduler_svc.engine.worker_session import (
     WorkerRegistration,
     WorkerSession,
     WorkerTransport,
 )
+from scheduler_svc.ha import cluster_view
+from scheduler_svc.obs.engine_observer import EngineObserver
 
 log = get_logger("splitserve.engine")
 
@@ -80,13 +80,16 @@ class ServingEngine:
         self.frontends: dict[str, Any] = {}  # front-end id -> its FrontendSession (remote ones)
         # the in-process front-end's streams follow the adaptive --stream-interval through these
         self.pacing_listeners: list[Callable[[int], None]] = []
-        # a new leader rebuilding (scheduler_svc/takeover.py): nothing is dispatched until the
+        # a new leader rebuilding (takeover.py): nothing is dispatched until the
         # workers and front-ends of the old leader have reported what they hold
         self.rebuilding = False
         self._resumed: list[InFlightRequest] = []  # reported by front-ends during the rebuild
         self._held: dict[str, tuple[WorkerSession, Any]] = {}  # request id -> worker row
         self.may_act: Callable[[], bool] = lambda: True  # False once leadership is lost
         self._parked: dict[str, list[InFlightRequest]] = {}  # first of a group -> its siblings
+        self.takeover = Takeover(self)
+        self.pool = WorkerPool(self)
+        self.steps = StepLoop(self)
         self.placement = placement.PlacementConfig(
             min_prefix_tokens=config.placement_min_prefix_tokens,
             balance_abs=config.placement_balance_abs,
@@ -127,20 +130,6 @@ class ServingEngine:
         self._await_worker(state)
         self._dispatch()
 
-    def resume(self, states: list[InFlightRequest]) -> int:
-        """Requests a front-end had in flight when it (re)connected, with the tokens its
-        clients already have: no admission checks (they were admitted once). During a takeover
-        they wait for the rebuild; otherwise each continues on the KV its worker still holds
-        or goes back to the head of the queue. Returns how many continue without recompute."""
-        for state in states:  # the same request over an older link of this front-end
-            self.drop(state.request_id)
-        states = [s for s in states if not self._fail_impossible(s)]
-        if self.rebuilding:
-            ids = {s.request_id for s in states}
-            self._resumed = [s for s in self._resumed if s.request_id not in ids] + states
-            return 0
-        return self._place_resumed(states)
-
     def owner(self, request_id: str) -> str | None:
         """Who has this request in flight: its front-end's id ("" for a client of this process),
         or None when nobody has (also while a takeover waits to place it)."""
@@ -149,62 +138,15 @@ class ServingEngine:
             state = next((s for s in self._resumed if s.request_id == request_id), None)
         return None if state is None else state.frontend_id
 
+    # ---- a front-end's resumed requests and a new leader's rebuild (engine/takeover.py) ----
+    def resume(self, states: list[InFlightRequest]) -> int:
+        return self.takeover.resume(states)
+
     def begin_rebuild(self) -> None:
-        self.rebuilding = True
+        self.takeover.begin_rebuild()
 
     def finish_rebuild(self) -> tuple[int, int, int]:
-        """End of a takeover's rebuild: adopt what the workers hold, queue the rest.
-        Returns (requests resumed, of which adopted without recompute, tokens to recompute)."""
-        states, self._resumed = self._resumed, []
-        adopted = self._place_resumed(states)
-        recomputed = sum(
-            len(s.prompt_token_ids) + len(s.output_token_ids)
-            for s in states
-            if s.worker_id is None and s.finish_reason is None
-        )
-        self._held.clear()
-        self.rebuilding = False
-        self._dispatch()
-        for session in self.sessions.values():
-            session.wakeup.set()
-        return len(states), adopted, recomputed
-
-    def _place_resumed(self, states: list[InFlightRequest]) -> int:
-        adopted = 0
-        queued: list[InFlightRequest] = []
-        for state in states:
-            request = state.to_core_request()
-            state.core = request
-            self.requests[state.request_id] = state
-            self.observer.on_request_accepted(state)
-            if self._adopt(state, request):
-                adopted += 1
-            else:
-                queued.append(state)
-        queued.sort(key=lambda s: s.arrival_time, reverse=True)  # prepend: latest first
-        for state in queued:
-            assert state.core is not None
-            self.waiting.prepend(state.core)
-            self._await_worker(state)
-        self._dispatch()
-        return adopted
-
-    def _adopt(self, state: InFlightRequest, request) -> bool:
-        """Continue on the worker row that holds this request's KV (no recompute), when one
-        reported it and its blocks fit the new leader's accounting."""
-        session, row = self._held.pop(state.request_id, (None, None))
-        if session is None or row is None or session.lost or session.draining:
-            return False
-        num_computed = min(row.num_computed_tokens, request.num_tokens - 1)
-        try:
-            session.scheduler.adopt_request(request, list(row.block_ids), num_computed)
-        except ValueError as exc:
-            log.warning("adopt_refused", request_id=state.request_id, reason=str(exc))
-            return False
-        state.worker_id = session.worker_id
-        session.request_ids.add(state.request_id)
-        session.wakeup.set()
-        return True
+        return self.takeover.finish_rebuild()
 
     @property
     def num_waiting(self) -> int:
@@ -416,239 +358,21 @@ class ServingEngine:
         self.waiting.prepend(request)
         self._await_worker(state)
 
-    # ---- workers --------------------------------------------------------------------------
+    # ---- workers (engine/worker_pool.py) and their step loops (engine/step_loop.py) -------
     def attach(self, registration: WorkerRegistration, transport: WorkerTransport) -> WorkerSession:
-        old = self.sessions.get(registration.worker_id)
-        if old is not None:
-            self.detach(old, "replaced by a new connection with the same worker id")
-        sched_cfg = worker_limits.scheduler_config(self.config, registration, self._speculative)
-        # every worker's local queue orders with the engine's policy object, so policy state
-        # (aging, per-tenant service) is global
-        local_queue = create_request_queue(self.policy)
-        session = WorkerSession(registration, Scheduler(sched_cfg, local_queue), transport)
-        self.sessions[registration.worker_id] = session
-        if self.rebuilding:
-            for row in getattr(registration, "held", ()):
-                self._held[row.request_id] = (session, row)
-        self.worker_attached.set()
-        for state in self.requests.values():  # a worker takes them now: none waits for one
-            self._cancel_wait_timer(state)
-        self.observer.on_worker_attached(session)
-        log.info(
-            "worker_attached",
-            worker_id=registration.worker_id,
-            num_blocks=registration.num_device_blocks,
-            block_size=registration.block_size,
-            address=registration.address,
-        )
-        self._dispatch()
-        return session
+        return self.pool.attach(registration, transport)
 
     def detach(self, session: WorkerSession, reason: str) -> None:
-        """The worker is gone: its unfinished requests go back to the global queue. Once per
-        session: a worker that registers again under its id (restarted by `splitserve up`)
-        while its old link still looks open replaces the old session here in `attach`, and the
-        old link's end must not then detach the new session's metrics and history."""
-        session.mark_lost(reason)
-        if self.sessions.get(session.worker_id) is not session:
-            return
-        del self.sessions[session.worker_id]
-        if not self._live_sessions():
-            self.worker_attached.clear()
-        moved = self._hand_back(session, session.request_ids, reason)
-        self._await_workers()
-        self.observer.on_worker_detached(session, reason)
-        log.warning("worker_detached", worker_id=session.worker_id, reason=reason, migrated=moved)
-        self._dispatch()
-
-    def _hand_back(self, session: WorkerSession, request_ids, reason: str) -> int:
-        """Move these requests of `session` back to the head of the global queue, keeping
-        their relative order (the first to run goes first)."""
-        states = [self.requests[r] for r in request_ids if r in self.requests]
-        states.sort(key=lambda s: s.arrival_time, reverse=True)  # prepend: latest first
-        for state in states:
-            self._leave_session(state)
-            if not session.lost:
-                session.scheduler.abort_request(state.request_id)
-            self._requeue(state, reason)
-        return len(states)
+        self.pool.detach(session, reason)
 
     def start_drain(self, session: WorkerSession, timeout_s: float) -> None:
-        """The worker is leaving: no new requests; local waiting ones go elsewhere now, running
-        ones get until the deadline to finish."""
-        if session.draining or session.lost:
-            return
-        session.draining = True
-        session.drain_deadline = time.monotonic() + max(0.0, timeout_s)
-        waiting_ids = [r.request_id for r in session.scheduler.waiting]
-        moved = self._hand_back(session, waiting_ids, "worker draining")
-        self._await_workers()
-        log.info(
-            "worker_draining",
-            worker_id=session.worker_id,
-            timeout_s=timeout_s,
-            running=session.load,
-            handed_back=moved,
-        )
-        session.wakeup.set()
-        self._dispatch()
+        self.pool.start_drain(session, timeout_s)
 
     def finish_drain(self, session: WorkerSession) -> int:
-        """At the deadline (or when empty): hand back whatever still runs. Returns how many."""
-        moved = self._hand_back(session, list(session.request_ids), "worker drain deadline")
-        self._dispatch()
-        return moved
+        return self.pool.finish_drain(session)
 
     async def run_worker(self, session: WorkerSession) -> None:
-        """The step loop of one worker: schedule, execute remotely, apply. With async
-        scheduling, step N+1 is scheduled and sent while the worker runs step N, so scheduling
-        and the network hop hide behind the forward pass. Ends when the worker is lost or has
-        drained."""
-        sched = session.scheduler
-        transport = session.transport
-        depth = 2 if self.config.async_scheduling else 1
-        inflight: deque = deque()
-        # A step sent after a moment with nothing to schedule runs alone: requests of a burst
-        # still arriving join the next step instead of a pipelined one scheduled a moment after
-        # the first (requests sent at once reach the scheduler spread over some milliseconds). The
-        # worker's wait before such a step, and before the one that waited on its result, is
-        # not time the scheduler added: neither counts for the adaptive stream interval.
-        after_pause = True
-        after_alone = False
-        while not session.lost:
-            leaving = session.draining and (
-                not session.request_ids or time.monotonic() >= session.drain_deadline
-            )
-            if leaving and not inflight:
-                return
-            try:
-                while not leaving and len(inflight) < (1 if inflight and inflight[0][3] else depth):
-                    if self.waiting:  # refill the worker's queue that the last step drew on
-                        self._dispatch()
-                    out = sched.schedule()
-                    for shed in sched.take_shed():
-                        self._shed(shed)
-                    self.shed_hopeless_waiting()
-                    if not _has_work(out):
-                        after_pause = True
-                        break
-                    if not self.may_act():  # a leader that lost its lease sends nothing
-                        session.mark_lost("this scheduler is no longer the leader")
-                        return
-                    started = time.perf_counter()
-                    handle = await transport.submit(out)
-                    inflight.append((out, handle, started, after_pause, after_pause or after_alone))
-                    after_pause = after_alone = False
-                if not inflight:
-                    if not leaving:
-                        await self._idle(session)
-                    continue
-                out, handle, started, alone, uncounted = inflight.popleft()
-                after_alone = alone
-                reply = await transport.result(out, handle)
-            except WorkerLost as exc:
-                session.mark_lost(str(exc))
-                return
-            if session.lost:
-                return
-            session.num_steps += 1
-            session.last_forward_time_s = reply.forward_time_s
-            session.total_worker_step_s += reply.step_time_s
-            session.total_worker_idle_s += reply.idle_time_s
-            if self.pacer.adaptive and not uncounted:
-                changed = self.pacer.on_step(reply.idle_time_s, time.monotonic())
-                if changed is not None:
-                    self._set_stream_interval(changed)
-            sched.note_worker_wait(out, reply.idle_time_s)
-            outputs = sched.update_from_output(out, reply.sampled)
-            self.observer.on_step(session, out, reply, time.perf_counter() - started)
-            self.slo.on_step(sched, out, time.perf_counter() - started)
-            self._measured_costs()
-            self._deliver_step(session, outputs, reply.logprobs)
-
-    def _measured_costs(self) -> None:
-        """The policy's cost model follows the step time SLO admission fits and the live
-        workers; a decode batch is taken as half of max_num_seqs full, as the simulator's
-        scenarios do."""
-        steps = self.slo.steps
-        if not self.policy.uses_step_costs or not steps.ready:
-            return
-        workers = sum(1 for s in self.sessions.values() if not s.lost)
-        batch = max(1, self.config.max_num_seqs // 2)
-        self.policy.measured(StepFit(*steps.coefficients()), batch, max(1, workers))
-
-    def _set_stream_interval(self, interval: int) -> None:
-        """Adaptive --stream-interval: every stream from now on (front-ends apart learn it
-        from the cluster status)."""
-        for listener in self.pacing_listeners:
-            listener(interval)
-        log.info(
-            "stream_interval_changed",
-            interval=interval,
-            worker_idle_ms=round(1e3 * self.pacer.last_idle_avg_s, 3),
-        )
-
-    async def _idle(self, session: WorkerSession) -> None:
-        """Nothing to send: wait for a new request, an abort, a drain deadline or loss."""
-        session.wakeup.clear()
-        timeout = 0.05 if session.scheduler.has_unfinished_requests() else None
-        if session.draining:
-            timeout = max(0.0, session.drain_deadline - time.monotonic())
-        try:
-            await asyncio.wait_for(session.wakeup.wait(), timeout)
-        except TimeoutError:
-            pass
-
-    def _deliver_step(
-        self,
-        session: WorkerSession,
-        outputs: list[RequestOutput],
-        logprobs: dict[str, list[TokenLogprobs]],
-    ) -> None:
-        """Stream one step's outputs to their requests (the hot path: once per request per
-        step), then tell the observer about all the step's tokens at once."""
-        now = time.monotonic()
-        requests = self.requests
-        worker_id = session.worker_id
-        get_logprobs = logprobs.get if logprobs else None
-        delivered: list[tuple[InFlightRequest, int]] = []
-        ended: list[InFlightRequest] = []
-        for output in outputs:
-            request_id = output.request_id
-            state = requests.get(request_id)
-            if state is None or state.worker_id != worker_id:
-                continue
-            new_ids = output.new_token_ids
-            if output.finish_reason is None and get_logprobs is None and len(new_ids) == 1:
-                stopped_by_string = state.push_token(new_ids, now)
-            else:
-                stopped_by_string = state.push_tokens(
-                    new_ids,
-                    output.finish_reason,
-                    output.stop_reason,
-                    get_logprobs(request_id) if get_logprobs is not None else None,
-                    now,
-                )
-            if new_ids:
-                delivered.append((state, len(new_ids)))
-                if self._parked and request_id in self._parked:  # prompt done: siblings go
-                    self._unpark(request_id)
-            if stopped_by_string:
-                session.scheduler.abort_request(request_id)
-            if state.finish_reason is not None:
-                ended.append(state)
-        if delivered:
-            self.observer.on_tokens_batch(delivered, now)
-        for state in ended:  # after the tokens are counted, as one request at a time was
-            self._leave_session(state)
-            if session.draining:
-                session.num_drained_finished += 1
-            self._end(state)
-
-    async def change_priority(self, request_id: str, priority: int) -> None:
-        """As policy_control.set_priority (the client APIs await it: a front-end's engine asks
-        the leader)."""
-        set_priority(self, request_id, priority)
+        await self.steps.run_worker(session)
 
     # ---- introspection --------------------------------------------------------------------
     def server_info(self, max_model_len: int):
@@ -656,15 +380,6 @@ class ServingEngine:
 
     def worker_stats(self) -> list[tuple[WorkerSession, SchedulerStats]]:
         return [(s, s.scheduler.stats()) for s in self.sessions.values()]
-
-
-def _has_work(out: SchedulerOutput) -> bool:
-    return bool(
-        out.total_num_scheduled_tokens
-        or out.finished_req_ids
-        or out.preempted_req_ids
-        or out.blocks_to_swap_out
-    )
 
 
 def policy_options(config: SchedulerServiceConfig) -> dict[str, Any]:

@@ -11,12 +11,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from scheduler_svc.observer import EngineObserver
+from scheduler_svc.obs.engine_observer import EngineObserver
 
 if TYPE_CHECKING:
     from scheduler_svc.core import SchedulerOutput
-    from scheduler_svc.engine import ServingEngine
-    from scheduler_svc.worker_session import StepReply, WorkerSession
+    from scheduler_svc.engine.serving_engine import ServingEngine
+    from scheduler_svc.engine.worker_session import StepReply, WorkerSession
 
 HISTORY_STEPS = 240
 SERIES = ("t", "prefill", "decode", "running", "waiting", "swapped", "kv", "preempted", "step_ms")

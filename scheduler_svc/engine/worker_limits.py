@@ -12,7 +12,7 @@ from common.logging import get_logger
 from scheduler_svc.config import SchedulerServiceConfig
 from scheduler_svc.core import SchedulerConfig, SchedulerConfigError
 from scheduler_svc.core.speculative import SpeculativeConfig
-from scheduler_svc.worker_session import WorkerRegistration
+from scheduler_svc.engine.worker_session import WorkerRegistration
 
 log = get_logger("splitserve.engine")
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from scheduler_svc.core import Request, count_prefix_blocks
 
 if TYPE_CHECKING:
-    from scheduler_svc.worker_session import WorkerSession
+    from scheduler_svc.engine.worker_session import WorkerSession
 
 
 @dataclass(slots=True)

@@ -12,11 +12,11 @@ from common.convert import HandleTable, decode_step_result, encode_step
 from common.logging import get_logger
 from common.pb import worker_link_pb2 as pb
 from common.pb import worker_link_pb2_grpc as pb_grpc
-from scheduler_svc import worker_limits
 from scheduler_svc.core import SchedulerOutput
 from scheduler_svc.core.preemption_cost import WorkerCosts
-from scheduler_svc.engine import ServingEngine
-from scheduler_svc.worker_session import (
+from scheduler_svc.engine import worker_limits
+from scheduler_svc.engine.serving_engine import ServingEngine
+from scheduler_svc.engine.worker_session import (
     HeldRequest,
     StepReply,
     WorkerLost,

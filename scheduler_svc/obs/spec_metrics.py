@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from scheduler_svc.engine import ServingEngine
+from scheduler_svc.obs.worker_collector import P
 
-P = "splitserve:"
+if TYPE_CHECKING:
+    from scheduler_svc.engine.serving_engine import ServingEngine
 
 
 class SpecDecodeCollector(Collector):

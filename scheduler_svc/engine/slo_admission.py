@@ -26,8 +26,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from scheduler_svc.admission import Overloaded
 from scheduler_svc.core.request_queue import FIFORequestQueue, KeyedRequestQueue, RequestQueue
+from scheduler_svc.engine.tenant_admission import Overloaded
 
 if TYPE_CHECKING:
     from scheduler_svc.core import Request, Scheduler, SchedulerOutput

@@ -24,13 +24,13 @@ from prometheus_client.registry import Collector
 
 from common.coordination import Coordinator, Leadership, cancel_and_wait
 from common.logging import get_logger
-from scheduler_svc.cluster_view import SchedulerRole
-from scheduler_svc.leader_probe import depose_dead_leaders
+from scheduler_svc.ha.cluster_view import SchedulerRole
+from scheduler_svc.ha.leader_probe import depose_dead_leaders
 
 if TYPE_CHECKING:
     from common.credentials import Credentials
     from scheduler_svc.config import SchedulerServiceConfig
-    from scheduler_svc.engine import ServingEngine
+    from scheduler_svc.engine.serving_engine import ServingEngine
 
 log = get_logger("splitserve.leadership")
 STATE_KEY = "state"  # the leader's published members and failover history

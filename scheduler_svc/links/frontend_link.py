@@ -20,10 +20,10 @@ from common.outcomes import FinishReason, PriorityChangeError, RequestRejected, 
 from common.pb import frontend_link_pb2 as pb
 from common.pb import frontend_link_pb2_grpc as pb_grpc
 from common.pb import generation_pb2 as gen_pb
-from scheduler_svc.cluster_view import SchedulerRole, cluster_status
-from scheduler_svc.engine import ServingEngine
-from scheduler_svc.in_flight import InFlightRequest, from_submit
-from scheduler_svc.policy_control import set_priority
+from scheduler_svc.engine.in_flight import InFlightRequest, from_submit
+from scheduler_svc.engine.priority_change import set_priority
+from scheduler_svc.engine.serving_engine import ServingEngine
+from scheduler_svc.ha.cluster_view import SchedulerRole, cluster_status
 
 log = get_logger("splitserve.frontend_link")
 HELLO_TIMEOUT_S = 30.0
