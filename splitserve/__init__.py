@@ -2,7 +2,7 @@
 scheduler and N workers as child processes) and the two cores wired in one process without
 gRPC (inprocess.py). The only package that may import from every layer; no layer imports it.
 
-Layers, imports pointing down only (tests/unit/services/test_layers.py checks them):
+Layers, imports pointing down only (tests/unit/test_layers.py checks them):
 
     composition root   splitserve/ (this package)
     services           scheduler_svc/ (outside core/), worker_svc/link.py and worker_svc/main.py

@@ -1,5 +1,5 @@
 """The API key on both protocols (workers and front-ends prove themselves by mutual TLS, not by
-the key: tests/unit/services/test_link_auth.py, tests/e2e/test_attacks.py)."""
+the key: tests/unit/scheduler/test_link_auth.py, tests/e2e/test_attacks.py)."""
 
 from __future__ import annotations
 

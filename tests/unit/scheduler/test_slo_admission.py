@@ -132,7 +132,7 @@ def test_window_keeps_enough_tokens_on_a_slow_worker():
 def test_backpressure_refuses_with_the_reason_and_metrics_show_it():
     from scheduler_svc.obs.metrics import MetricsObserver
     from tests.engine_fakes import make_engine
-    from tests.unit.services.test_metrics import values
+    from tests.unit.scheduler.test_metrics import values
 
     engine = make_engine(thrash_backpressure=True, ttft_slo_ms=100.0)
     slo = engine.slo

@@ -11,7 +11,7 @@ import pytest
 from frontend_svc.http import create_app
 from splitserve import status
 from tests.engine_fakes import http_context, make_engine
-from tests.unit.services.test_http_server_limits import serving
+from tests.unit.frontend.test_http_server_limits import serving
 
 KEY = "s3cret"
 BODY = {

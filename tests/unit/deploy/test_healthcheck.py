@@ -14,7 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.coordination import Coordinator
 from common.credentials import Credentials, create_cluster
-from tests.unit.services import test_coordination as coordination_tests
+from tests.unit.common import test_coordination as coordination_tests
 
 ROOT = Path(__file__).resolve().parents[3]
 WORKER_LINK = "splitserve.v1.WorkerLink"

@@ -19,7 +19,7 @@ from frontend_svc.generation_service import GenerationService
 from frontend_svc.intake import Intake
 from scheduler_svc.core import RequestRejected
 from tests.engine_fakes import make_engine
-from tests.unit.services.test_http_api import MODEL, TOK, run
+from tests.unit.frontend.test_http_api import MODEL, TOK, run
 
 MAX_LEN = 512  # test_http_api's Intake
 FAR_OVER = "word " * 20_000  # 100 kB: at least 1235 tokens by the bound alone

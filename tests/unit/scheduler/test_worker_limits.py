@@ -11,7 +11,7 @@ import pytest
 from scheduler_svc.engine import worker_limits
 from scheduler_svc.engine.worker_session import WorkerRegistration
 from tests.engine_fakes import FakeWorker, make_engine, registration
-from tests.unit.services.test_worker_link_epoch import register, with_link
+from tests.unit.scheduler.test_worker_link_epoch import register, with_link
 
 # make_engine's own limits: max_num_seqs 8, max_num_batched_tokens 64, max_model_len 512
 

@@ -17,7 +17,7 @@ from scheduler_svc.core import (
     Scheduler,
     SchedulerConfig,
 )
-from tests.unit.scheduler.test_sched_property import (
+from tests.unit.core.test_sched_property import (
     FakeWorker,
     Spec,
     expected_rejection,

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from scheduler_svc.core import Request, RequestStatus, Scheduler, SchedulerOutput
-from tests.unit.scheduler.test_sched_property import FakeWorker, run_alone, workloads
+from tests.unit.core.test_sched_property import FakeWorker, run_alone, workloads
 
 
 @dataclass

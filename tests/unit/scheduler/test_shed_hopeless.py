@@ -23,8 +23,8 @@ from tests.engine_fakes import (
     registration,
     run_session,
 )
-from tests.unit.services.test_http_api import MODEL, TOK, run
-from tests.unit.services.test_policy_set_priority import Aborted, FakeContext
+from tests.unit.frontend.test_http_api import MODEL, TOK, run
+from tests.unit.scheduler.test_policy_set_priority import Aborted, FakeContext
 
 
 def test_hopeless_request_ends_at_once_with_resource_exhausted():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.unit.services.test_http_api import MODEL, TOK, run
+from tests.unit.frontend.test_http_api import MODEL, TOK, run
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
 WEATHER = {

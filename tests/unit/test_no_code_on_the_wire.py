@@ -4,7 +4,7 @@ protobuf (gRPC) and JSON (HTTP); weights load from safetensors."""
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = [
     r"^\s*(import|from)\s+(c?pickle|cloudpickle|dill|marshal|shelve|joblib)\b",
     r"\bpickle\.loads?\b",

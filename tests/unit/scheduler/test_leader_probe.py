@@ -14,7 +14,7 @@ from pathlib import Path
 
 from common.coordination import Coordinator, cancel_and_wait
 from scheduler_svc.ha.leader_probe import depose_dead_leaders
-from tests.unit.services.test_coordination import _read_line
+from tests.unit.common.test_coordination import _read_line
 
 ROOT = Path(__file__).resolve().parents[3]
 # far longer than the test runs: a takeover inside it can only come from the probe

@@ -24,7 +24,7 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 # the folders the graph covers (frontend_svc/: the scheduler-HA front-end, where it exists)
 SOURCES = ("common", "scheduler_svc", "worker_svc", "frontend_svc", "splitserve")
 

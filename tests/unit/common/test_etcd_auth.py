@@ -21,7 +21,7 @@ from common.etcd_auth import main as etcd_auth_main
 from common.etcd_client import EtcdClient
 from common.etcd_server import EtcdServer
 from common.etcd_server import main as etcd_server_main
-from tests.unit.services import test_coordination as coordination_tests
+from tests.unit.common import test_coordination as coordination_tests
 
 # the same fixtures as the coordination tests: a cluster's credentials, etcd with auth on
 credentials = coordination_tests.credentials
