@@ -11,7 +11,7 @@ import pytest
 from scheduler_svc.engine import worker_limits
 from scheduler_svc.engine.worker_session import WorkerRegistration
 from tests.engine_fakes import FakeWorker, make_engine, registration
-from tests.unit.scheduler.test_worker_link_epoch import register, with_link
+from tests.unit.scheduler.test_worker_link_epoch import attached, register, with_link
 
 # make_engine's own limits: max_num_seqs 8, max_num_batched_tokens 64, max_model_len 512
 
@@ -124,7 +124,7 @@ def test_register_carries_the_capacity_over_grpc_and_the_ack_the_length_used():
         await call.write(message)
         reply = await call.read()
         assert reply.register_ack.max_model_len == 300
-        [reg] = registrations
+        [reg] = await attached(registrations)
         assert (reg.max_num_seqs, reg.max_num_batched_tokens) == (2, 16)
         session = engine.sessions["w1"]
         cfg = session.scheduler.config

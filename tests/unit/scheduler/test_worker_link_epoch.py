@@ -29,6 +29,14 @@ def register(**fields) -> pb.WorkerMessage:
     )
 
 
+async def attached(registrations: list) -> list:
+    """The registrations once the link has attached the worker: the ack is written first, so a
+    client that has read it may be a turn of the loop ahead of the attach (with_link bounds it)."""
+    while not registrations:
+        await asyncio.sleep(0.001)
+    return registrations
+
+
 async def with_link(epoch: int, body) -> None:
     engine = make_engine()
     registrations = []
@@ -58,7 +66,7 @@ def test_the_leaders_epoch_is_on_the_ack_and_every_step_and_held_rows_are_parsed
         await call.write(register(epoch=5, held=[held]))
         reply = await call.read()
         assert reply.register_ack.epoch == 7 and reply.register_ack.worker_id == "w1"
-        [reg] = registrations
+        [reg] = await attached(registrations)
         assert reg.epoch == 5 and reg.held == [HeldRequest("gone", [3, 4], 6, 7)]
         engine.submit(make_state("req-1", [4, 5, 6], 2))
         steps = []
@@ -104,7 +112,7 @@ def test_without_etcd_the_epoch_is_zero_everywhere():
         call = stub.Connect()
         await call.write(register())
         reply = await call.read()
-        assert reply.register_ack.epoch == 0 and registrations[0].held == []
+        assert reply.register_ack.epoch == 0 and (await attached(registrations))[0].held == []
         call.cancel()
 
     asyncio.run(with_link(0, body))
