@@ -38,13 +38,15 @@ def sampling_from_proto(pb: sampling_pb2.SamplingParams) -> tuple[SamplingParams
             if pb.HasField("structured")
             else None
         ),
+        prediction=tuple(pb.prediction_token_ids),
     )
     return params, list(pb.stop)
 
 
 def sampling_to_proto(
-    params: SamplingParams, stop: list[str] | None = None
+    params: SamplingParams, stop: list[str] | None = None, prediction: bool = True
 ) -> sampling_pb2.SamplingParams:
+    """`prediction`: with the predicted output's tokens (to a scheduler; a worker needs none)."""
     pb = sampling_pb2.SamplingParams(
         max_tokens=params.max_tokens,
         min_tokens=params.min_tokens,
@@ -66,6 +68,8 @@ def sampling_to_proto(
     if params.structured is not None:
         pb.structured.kind = params.structured.kind
         pb.structured.spec = params.structured.spec
+    if prediction and params.prediction:
+        pb.prediction_token_ids.extend(params.prediction)
     return pb
 
 
@@ -128,7 +132,7 @@ def encode_step(
             worker_link_pb2.NewRequest(
                 handle=handles.assign(new.request_id),
                 prompt_token_ids=new.prompt_token_ids,
-                sampling=sampling_to_proto(new.sampling_params),
+                sampling=sampling_to_proto(new.sampling_params, prediction=False),
                 block_ids=new.block_ids,
                 num_computed_tokens=new.num_computed_tokens,
                 num_scheduled_tokens=sched.get(new.request_id, 0),

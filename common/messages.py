@@ -18,7 +18,8 @@ class StructuredOutput:
 
     kind: json_schema (spec: the schema as JSON text), json_object (any JSON object; spec ""),
     regex (spec: the pattern), choice (spec: a JSON list of strings), grammar (spec: a Lark or
-    GBNF grammar)."""
+    GBNF grammar), any_of (spec: a JSON list of options, one of which the output matches;
+    common/structured.py's `any_of` builds it)."""
 
     kind: str
     spec: str = ""
@@ -40,6 +41,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n logprobs per sampled token; None = off
     structured: StructuredOutput | None = None  # the output must match it
+    # Predicted Outputs: the expected output's token ids, drafted by the scheduler
+    # (scheduler_svc/core/prediction.py); never sent to a worker
+    prediction: tuple[int, ...] = ()
 
     @property
     def greedy(self) -> bool:

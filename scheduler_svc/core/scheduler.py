@@ -186,7 +186,10 @@ class Scheduler:
 
     def take_shed(self) -> list[Request]:
         """Requests ended with FinishReason.SHED since the last call (their clients must hear)."""
-        return self._shedder.take_shed()
+        shed = self._shedder.take_shed()
+        for req in shed:
+            self._draft_tracker.forget(req.request_id)
+        return shed
 
     def get_request(self, request_id: str) -> Request | None:
         """An unfinished request (running, swapped or waiting) by id."""
@@ -242,6 +245,8 @@ class Scheduler:
         )
         if step.spec:
             self._draft_tracker.sent(step.step_id, step.spec)
+        if step.new_reqs:  # those with a prediction draft from their next step
+            self._draft_tracker.admitted(step.new_reqs)
         if step.reqs:
             if self.policy.accounts:  # per-tenant service (fair share)
                 self.policy.account(step.reqs, step.ns)

@@ -28,6 +28,8 @@ def validate_request(request: Request, config: SchedulerConfig) -> None:
         raise RequestRejected("the prompt is empty; send at least one token")
     check_token_ids("prompt token ids", request.prompt_token_ids)
     check_token_ids("output token ids", request.output_token_ids)
+    prediction = request.sampling_params.prediction
+    check_token_ids("prediction token ids", prediction)
     if request.eos_token_id is not None and (
         not is_int(request.eos_token_id) or request.eos_token_id < 0
     ):
@@ -42,6 +44,11 @@ def validate_request(request: Request, config: SchedulerConfig) -> None:
         # (a prompt of exactly max_model_len tokens leaves no room for a single output token)
         raise RequestRejected(
             f"prompt has {prompt_len} tokens but max_model_len is {max_len}; shorten the prompt"
+        )
+    if len(prediction) > max_len:  # drafts past max_model_len could never be verified
+        raise RequestRejected(
+            f"the prediction has {len(prediction)} tokens but max_model_len is {max_len}; "
+            "shorten it"
         )
     num_out = len(request.output_token_ids)
     num_tokens = prompt_len + num_out

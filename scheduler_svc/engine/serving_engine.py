@@ -160,7 +160,11 @@ class ServingEngine:
         """Token ids from outside this process (a front-end's prompt; after a takeover, the
         tokens a client already has, which an older leader took from a worker) must be inside
         the vocabulary: a single one outside fails every step of the worker it is sent to."""
-        for what, ids in (("prompt", state.prompt_token_ids), ("output", state.output_token_ids)):
+        for what, ids in (
+            ("prompt", state.prompt_token_ids),
+            ("output", state.output_token_ids),
+            ("prediction", state.params.prediction),
+        ):
             if ids and max(ids) >= self.vocab_size:
                 return (
                     f"{what} token id {max(ids)} of request {state.request_id!r} is outside the "
