@@ -117,14 +117,19 @@ class Tokenizer:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         tokenize: bool = True,
+        continue_final_message: bool = False,
         **extra: Any,
     ) -> list[int] | str:
-        """Render `messages` with the model's chat template; token ids unless tokenize=False."""
+        """Render `messages` with the model's chat template; token ids unless tokenize=False.
+        `continue_final_message` (as transformers): the text ends with the last message's
+        content, left open (the end of turn the template writes after it is cut)."""
         if not self.chat_template:
             raise ValueError(f"model {self.name!r} has no chat template")
         text = _render(
             self.chat_template, messages, add_generation_prompt, self.special_tokens, extra
         )
+        if continue_final_message:
+            text = _open_final_message(text, messages[-1].get("content") or "")
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
@@ -310,6 +315,16 @@ def _render(
     return _compile(template).render(
         messages=messages, add_generation_prompt=add_generation_prompt, **variables, **extra
     )
+
+
+def _open_final_message(text: str, content: str) -> str:
+    """`text` up to the end of its last copy of `content` (stripped, if the template strips
+    it)."""
+    for wanted in (content, content.strip()):
+        at = text.rfind(wanted) if wanted else -1
+        if at >= 0:
+            return text[: at + len(wanted)]
+    raise ValueError("continue_final_message: the template does not write the last message as sent")
 
 
 @functools.lru_cache(maxsize=8)

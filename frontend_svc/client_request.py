@@ -19,7 +19,9 @@ class StreamDelta:
     token_ids: list[int]
     text: str
     finish_reason: FinishReason | None = None
-    stop_reason: str = ""
+    # vLLM's: the stop string, or the stop_token_ids entry, that ended the output; None for
+    # EOS, length and anything else
+    stop_reason: int | str | None = None
     logprobs: list[TokenLogprobs] | None = None
     error: str = ""
     error_code: str = ""  # a grpc.StatusCode name when the stream must end with an error status
@@ -179,6 +181,8 @@ class ClientRequest:
         stopped_by_string = detok.stop_hit is not None
         if stopped_by_string:
             finish_reason, stop_reason = FinishReason.STOP, detok.stop_hit
+        else:
+            stop_reason = self._stop_token(finish_reason, stop_reason)
         held = self.held_token_ids
         if finish_reason is not None:
             self.finish_reason = finish_reason
@@ -198,7 +202,7 @@ class ClientRequest:
                 token_ids,
                 text,
                 finish_reason,
-                "" if stop_reason is None else str(stop_reason),
+                stop_reason,
                 logprobs,
                 "",
                 "",
@@ -232,7 +236,7 @@ class ClientRequest:
                         token_ids,
                         text,
                         None,
-                        "",
+                        None,
                         None,
                         "",
                         "",
@@ -242,6 +246,20 @@ class ClientRequest:
                 )
                 return False
         return self.push_tokens(token_ids, None, None, None, now)
+
+    def _stop_token(self, finish_reason: FinishReason | None, wire: int | str | None) -> int | None:
+        """The stop token id the scheduler reports (the wire carries the id of whichever token
+        stopped the output, EOS included, as a string), as vLLM reports it: the id when it is
+        one of the request's stop_token_ids, None when it is EOS."""
+        if finish_reason is not FinishReason.STOP or wire is None or wire == "":
+            return None
+        try:
+            token = int(wire)
+        except ValueError:
+            return None
+        if token == self.eos_token_id and not self.params.ignore_eos:
+            return None  # EOS is checked first, as the scheduler checks it
+        return token if token in self.params.stop_token_ids else None
 
     def fail(self, message: str, code: str = "") -> None:
         if self.finished:

@@ -43,6 +43,7 @@ class IncrementalDetokenizer:
     prefix_offset: int = 0
     read_offset: int = 0
     stop_hit: str | None = None
+    include_stop: bool = False  # a matched stop string stays in the text (vLLM's option)
     stream: Any = None  # a DecodeStream when the decoder is a tokenizers-backed Tokenizer
     # byte-level BPE: token id -> bytes / -> text when complete alone (common/byte_pieces.py)
     pieces: tuple[bytes, ...] | None = None
@@ -56,6 +57,7 @@ class IncrementalDetokenizer:
         prompt_token_ids: list[int],
         skip_special_tokens: bool,
         stop_strings: list[str],
+        include_stop: bool = False,
     ) -> IncrementalDetokenizer:
         stops = [s for s in stop_strings if s]
         keep = max((len(s) for s in stops), default=1) - 1
@@ -63,7 +65,15 @@ class IncrementalDetokenizer:
         table = byte_pieces() if byte_pieces is not None else None
         if table is not None:
             pieces, texts = table.tables(skip_special_tokens)
-            return cls(decoder, skip_special_tokens, stops, pieces=pieces, texts=texts, keep=keep)
+            return cls(
+                decoder,
+                skip_special_tokens,
+                stops,
+                include_stop=include_stop,
+                pieces=pieces,
+                texts=texts,
+                keep=keep,
+            )
         tail = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         backend = getattr(decoder, "backend", None)
         stream = None
@@ -78,6 +88,7 @@ class IncrementalDetokenizer:
             read_offset=0 if stream is not None else len(tail),
             stream=stream,
             keep=keep,
+            include_stop=include_stop,
         )
 
     def push(self, new_token_ids: list[int], final: bool) -> str:
@@ -162,8 +173,9 @@ class IncrementalDetokenizer:
             if idx != -1 and (best is None or idx < best[0]):
                 best = (idx, stop)
         if best is not None:
-            self.text = self.text[: best[0]]
-            self.stop_hit = best[1]
+            at, stop = best
+            self.text = self.text[: at + len(stop) if self.include_stop else at]
+            self.stop_hit = stop
 
     def take_delta(self, final: bool) -> str:
         """New text safe to show: while not final, a tail that could begin a stop string stays."""

@@ -25,7 +25,7 @@ def delta_to_proto(request_id: str, prompt_tokens: int, delta: StreamDelta) -> p
         token_ids=delta.token_ids,
         text=delta.text,
         finish_reason=FINISH_TO_PB[delta.finish_reason],
-        stop_reason=delta.stop_reason,
+        stop_reason="" if delta.stop_reason is None else str(delta.stop_reason),
         prompt_tokens=prompt_tokens,
         completion_tokens=delta.num_output_tokens,
         error=delta.error,

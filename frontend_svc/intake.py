@@ -160,6 +160,25 @@ class Intake:
                 )
         return ids
 
+    def encode_prediction(self, text: str) -> tuple[int, ...]:
+        """A predicted output's token ids (Predicted Outputs), at most max_model_len of them:
+        a text certainly longer is refused before tokenizing (as a prompt is)."""
+        bound = self.length_bound
+        if bound is not None and bound.least_tokens(text) > self.max_model_len:
+            raise FieldRejected(
+                "prediction", f"the prediction is longer than max_model_len {self.max_model_len}"
+            )
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def check_prediction(self, ids: tuple[int, ...]) -> None:
+        """At most max_model_len token ids, each in the vocabulary (gRPC sends token ids)."""
+        if len(ids) > self.max_model_len:
+            raise FieldRejected(
+                "prediction",
+                f"the prediction has {len(ids)} tokens but max_model_len is {self.max_model_len}",
+            )
+        self.check_token_ids(list(ids), "prediction")
+
     def max_tokens_for(self, prompt_len: int, asked: int | None, default: int | None) -> int:
         """`asked` as it is (make_state refuses it over the remaining context, as OpenAI and
         vLLM do: nothing is cut silently); unset, `default` (None: all of it) cut to the
@@ -226,6 +245,7 @@ class Intake:
                 priority=first.priority,
                 tenant=first.tenant,
                 skip_special_tokens=detok.skip_special_tokens,
+                include_stop_str_in_output=detok.include_stop,
                 ttft_target_s=first.ttft_target_s or 0.0,
                 tpot_target_s=first.tpot_target_s or 0.0,
             )
@@ -246,7 +266,9 @@ class Intake:
         skip_special_tokens=True,
         ttft_target_s=0.0,
         tpot_target_s=0.0,
+        include_stop_str_in_output=False,
     ) -> ClientRequest:
+        """`include_stop_str_in_output`: a matched stop string stays at the end of the text."""
         if not prompt:
             raise FieldRejected("prompt", "the prompt is empty after tokenization")
         if len(prompt) >= self.max_model_len:
@@ -272,6 +294,8 @@ class Intake:
         validate_sampling_params(params)
         check_service_limits(params)
         self.check_structured(params)
+        if params.prediction:
+            self.check_prediction(params.prediction)
         low, high = PRIORITY_RANGE
         if not low <= priority <= high:
             raise FieldRejected("priority", f"priority {priority} is outside [{low}, {high}]")
@@ -285,7 +309,7 @@ class Intake:
             prompt_token_ids=prompt,
             params=params,
             detokenizer=IncrementalDetokenizer.for_prompt(
-                self.tokenizer, prompt, skip_special_tokens, stop
+                self.tokenizer, prompt, skip_special_tokens, stop, include_stop_str_in_output
             ),
             priority=priority,
             tenant=tenant,

@@ -11,7 +11,9 @@ from frontend_svc.auth import check_key
 from frontend_svc.http.context import HttpContext
 from frontend_svc.http.errors import error_response, install_error_handlers
 from frontend_svc.http.openai_routes import openai_router
+from frontend_svc.http.openapi import install_openapi
 from frontend_svc.http.priority_routes import priority_router
+from frontend_svc.http.responses_routes import responses_router
 from frontend_svc.http.tokenize_routes import tokenize_router
 
 # paths that never need the API key: probes and read-only operational pages (counts only).
@@ -54,11 +56,13 @@ def create_app(ctx: HttpContext) -> FastAPI:
         title="splitserve",
         docs_url=None,  # the Swagger page loads scripts from a CDN
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json",  # needs the key: http/openapi.py
     )
+    install_openapi(app, bool(ctx.api_key), is_open_path)
     install_error_handlers(app, lambda: ctx.rejected("invalid"))
     if ctx.intake is not None:  # not on a scheduler whose front-ends run apart
         app.include_router(openai_router(ctx))
+        app.include_router(responses_router(ctx))
         app.include_router(tokenize_router(ctx))
     if ctx.scheduler is not None:
         app.include_router(priority_router(ctx))

@@ -9,15 +9,18 @@ from dataclasses import replace
 from common.messages import SamplingParams, StructuredOutput
 from common.outcomes import RequestRejected
 from frontend_svc.client_request import ClientRequest
+from frontend_svc.http.completion_prompts import completion_prompts
 from frontend_svc.http.constraints import constraint
 from frontend_svc.http.errors import OpenAIError
 from frontend_svc.http.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    Prediction,
     _SamplingBody,
 )
-from frontend_svc.http.tool_prompt import template_inputs
+from frontend_svc.http.template_vars import template_variables
+from frontend_svc.http.tool_prompt import calls_are_tagged, template_inputs
 from frontend_svc.http.tools import ToolPlan, tool_constraint, tool_plan
 from frontend_svc.intake import MAX_CHOICES, Intake, check_stop_strings
 
@@ -95,8 +98,9 @@ def _state(
     intake.check_token_ids(body.stop_token_ids, "stop_token_ids")
     params = _sampling(body, max_tokens, logprobs)
     params.structured = asked[1] if asked else None
+    params.prediction = prediction_ids(intake, getattr(body, "prediction", None))
     return intake.make_state(
-        request_id=body.request_id or request_id,
+        request_id=request_id,
         prompt=prompt,
         params=params,
         stop=_stop_strings(body.stop),
@@ -106,29 +110,37 @@ def _state(
         skip_special_tokens=body.skip_special_tokens,
         ttft_target_s=body.ttft_target_s or 0.0,
         tpot_target_s=body.tpot_target_s or 0.0,
+        include_stop_str_in_output=body.include_stop_str_in_output,
     )
 
 
-def completion_prompt(intake: Intake, prompt) -> list[int]:
-    """A string, a list of token ids, or a one-element list of either."""
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-        if len(prompt) != 1:
-            raise OpenAIError(
-                400,
-                f"one prompt per request (got {len(prompt)}); send them as separate requests",
-                "prompt",
-            )
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        if not prompt:
-            raise OpenAIError(400, "the prompt is empty", "prompt")
-        return intake.encode_prompt(prompt)
-    if not prompt:
-        raise OpenAIError(400, "the prompt is empty", "prompt")
-    return intake.check_token_ids(list(prompt))
+def prediction_ids(intake: Intake, prediction: Prediction | None) -> tuple[int, ...]:
+    """Predicted Outputs: the text (a string, or text parts joined as they are) as token ids,
+    the scheduler's drafts for this request (docs/speculative.md)."""
+    if prediction is None:
+        return ()
+    if prediction.type != "content":
+        raise OpenAIError(
+            400,
+            f"prediction of type {prediction.type!r} is not supported; use type 'content'",
+            "prediction.type",
+        )
+    content = prediction.content
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if part.type != "text" or part.text is None:
+                raise OpenAIError(
+                    400,
+                    "prediction: only text parts ({'type': 'text', 'text': ...}) are supported",
+                    f"prediction.content.{j}",
+                )
+        content = "".join(part.text or "" for part in content)
+    return intake.encode_prediction(content) if content else ()
 
 
-def build_completion(intake: Intake, body: CompletionRequest) -> ClientRequest:
+def build_completion(intake: Intake, body: CompletionRequest) -> list[ClientRequest]:
+    """One request per prompt (http/completion_prompts.py): the first has the body's
+    request_id, prompt i after it `{request_id}-p{i}`."""
     _common_checks(body)
     if body.suffix:
         raise OpenAIError(400, "suffix is not supported", "suffix")
@@ -142,15 +154,22 @@ def build_completion(intake: Intake, body: CompletionRequest) -> ClientRequest:
     if body.echo and body.logprobs is not None:
         raise OpenAIError(400, "echo with logprobs (prompt logprobs) is not supported", "echo")
     asked = constraint(body)
+    renames = {"structured": asked[0]} if asked else {}
+    request_id = body.request_id or f"cmpl-{uuid.uuid4().hex}"
+    states: list[ClientRequest] = []
     try:
-        prompt = completion_prompt(intake, body.prompt)
-        max_tokens = intake.max_tokens_for(
-            len(prompt), body.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS
-        )
-        request_id = f"cmpl-{uuid.uuid4().hex}"
-        return _state(intake, body, prompt, max_tokens, body.logprobs, request_id, asked)
+        prompts = completion_prompts(intake, body.prompt, max(body.n, body.best_of or 1))
+        for i, prompt in enumerate(prompts):
+            if len(prompts) > 1:
+                renames["prompt"] = f"prompt.{i}"
+            max_tokens = intake.max_tokens_for(
+                len(prompt), body.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS
+            )
+            rid = f"{request_id}-p{i}" if i else request_id
+            states.append(_state(intake, body, prompt, max_tokens, body.logprobs, rid, asked))
     except RequestRejected as exc:
-        raise refused(exc, {"structured": asked[0]} if asked else None) from exc
+        raise refused(exc, renames) from exc
+    return states
 
 
 def _text_content(i: int, m: ChatMessage) -> str | None:
@@ -260,12 +279,21 @@ def build_chat(
     if body.top_logprobs is not None and not body.logprobs:
         raise OpenAIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    if any(m != "text" for m in body.modalities or ()):
+        raise OpenAIError(
+            400,
+            'this server generates text only; send modalities ["text"] or leave it out',
+            "modalities",
+        )
     if body.max_tokens is not None and body.max_completion_tokens is not None:
         if body.max_tokens != body.max_completion_tokens:
             raise OpenAIError(
                 400, "max_tokens and max_completion_tokens differ; send one", "max_tokens"
             )
-    asked = tool_constraint(tools, constraint(body, body.response_format))
+    template = getattr(intake.tokenizer, "chat_template", None)
+    asked = tool_constraint(
+        tools, constraint(body, body.response_format), calls_are_tagged(template)
+    )
     renames = {"prompt": "messages"}
     if body.max_completion_tokens is not None:
         renames["max_tokens"] = "max_completion_tokens"
@@ -277,24 +305,26 @@ def build_chat(
         if max_tokens is None:
             max_tokens = body.max_tokens
         max_tokens = intake.max_tokens_for(len(prompt), max_tokens, None)  # None: all that fits
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        request_id = body.request_id or f"chatcmpl-{uuid.uuid4().hex}"
         return _state(intake, body, prompt, max_tokens, logprobs, request_id, asked)
     except RequestRejected as exc:
         raise refused(exc, renames) from exc
 
 
 def chat_prompt(
-    intake: Intake, body, tools: ToolPlan | None, add_generation_prompt: bool = True
+    intake: Intake, body, tools: ToolPlan | None, add_generation_prompt: bool | None = None
 ) -> list[int]:
-    """The body's messages (and tools) rendered by the chat template, as token ids; raises
-    RequestRejected for the caller to name the field."""
+    """The body's messages (and tools) rendered by the chat template with the body's template
+    variables (http/template_vars.py; `add_generation_prompt`: the caller's, else the body's),
+    as token ids; raises RequestRejected for the caller to name the field."""
     messages = chat_messages(body)
     check_tool_parameters(intake, tools)
+    special_tokens = getattr(intake.tokenizer, "special_tokens", None) or {}
+    variables = template_variables(body, messages, special_tokens, add_generation_prompt)
     messages, context = template_inputs(
         messages, tools, getattr(intake.tokenizer, "chat_template", None)
     )
-    context["add_generation_prompt"] = add_generation_prompt
-    return render_prompt(intake, messages, context)
+    return render_prompt(intake, messages, {**variables, **context})
 
 
 def render_prompt(intake: Intake, messages: list[dict], context: dict) -> list[int]:

@@ -1,7 +1,8 @@
-"""n > 1 and best_of: one request per choice (http/build.py `choices`), answered as one
-response whose choices carry their index, or one stream whose chunks do. Usage counts the
-prompt once and every generated token. best_of > n keeps the n choices whose sampled tokens
-are most likely (highest sum of logprobs)."""
+"""n > 1, best_of and a list of prompts: one request per choice (http/build.py `choices`), in
+one group per prompt, answered as one response whose choices carry their index (prompt p's
+choice i: p * n + i, as OpenAI and vLLM number them), or one stream whose chunks do. Usage
+counts each prompt once and every generated token. best_of > n keeps each prompt's n choices
+whose sampled tokens are most likely (highest sum of logprobs)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from frontend_svc.client_request import ClientRequest, StreamDelta
 from frontend_svc.http.context import HttpContext
 from frontend_svc.http.errors import OpenAIError, error_body
 from frontend_svc.http.format import ResponseFormatter, usage
+from frontend_svc.http.prediction import add_prediction_usage
 from frontend_svc.http.streams import DisconnectWatcher, sse
 
 log = get_logger("splitserve.http")
@@ -41,15 +43,26 @@ def likelihood(deltas: list[StreamDelta]) -> float:
     return sum(lp.logprob for d in deltas for lp in d.logprobs or ())
 
 
+def _ranked(results: list[list[StreamDelta]], n: int) -> list[int]:
+    """A group's choices to answer with, in order: all of them, or best_of's n most likely."""
+    ranked = list(range(len(results)))
+    if len(results) > n:
+        ranked = sorted(ranked, key=lambda i: likelihood(results[i]), reverse=True)[:n]
+    return ranked
+
+
 async def serve_choices(
     ctx: HttpContext,
     request: Request,
-    states: list[ClientRequest],
-    formatter: Callable[[int], ResponseFormatter],
+    groups: list[list[ClientRequest]],
+    formatter: Callable[[ClientRequest, int], ResponseFormatter],
     n: int,
     stream: bool,
     opts,
 ) -> Response:
+    """`groups`: each prompt's requests (n, or best_of); `formatter(state, index)`."""
+    states = [state for group in groups for state in group]
+    prompt_tokens = sum(len(group[0].prompt_token_ids) for group in groups)
     submitted: list[ClientRequest] = []
     watcher: DisconnectWatcher | None = None
     streaming = False
@@ -62,29 +75,34 @@ async def serve_choices(
             request_id=states[0].request_id,
             api="http",
             choices=len(states),
-            prompt_tokens=len(states[0].prompt_token_ids),
+            prompt_tokens=prompt_tokens,
             stream=bool(stream),
         )
         watcher = DisconnectWatcher(request.receive)
-        fmts = [formatter(i) for i in range(len(states))]
+        # streamed, a group holds n requests (best_of > n is not streamed)
+        fmts = [formatter(s, p * n + i) for p, g in enumerate(groups) for i, s in enumerate(g)]
         if stream:
             streaming = True
-            events = _events(ctx, states, fmts, watcher, opts)
+            events = _events(ctx, states, fmts, prompt_tokens, watcher, opts)
             headers = {"X-Request-Id": states[0].request_id, "Cache-Control": "no-cache"}
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         results = await asyncio.gather(*(_collect(watcher, s) for s in states))
         if any(r is None for r in results):
             return Response(status_code=CLIENT_CLOSED)
         generated = sum(r[-1].num_output_tokens for r in results if r)
-        ranked = list(range(len(states)))
-        if len(states) > n:  # best_of: the n most likely, in that order
-            ranked = sorted(ranked, key=lambda i: likelihood(results[i]), reverse=True)[:n]
-        body = fmts[0].response(results[ranked[0]])
-        body["choices"] = []
-        for index, i in enumerate(ranked):
-            fmts[i].index = index
-            body["choices"] += fmts[i].response(results[i])["choices"]
-        body["usage"] = usage(fmts[0].prompt_tokens, generated)
+        body: dict = {}
+        answers: list[dict] = []
+        start = 0
+        for p, group in enumerate(groups):
+            for rank, i in enumerate(_ranked(results[start : start + len(group)], n)):
+                fmts[start + i].index = p * n + rank
+                answer = fmts[start + i].response(results[start + i])  # once: logprob offsets
+                body = body or answer
+                answers += answer["choices"]
+            start += len(group)
+        body["choices"] = answers
+        body["usage"] = usage(prompt_tokens, generated)
+        await add_prediction_usage(body["usage"], states)
         return JSONResponse(body, headers={"X-Request-Id": states[0].request_id})
     finally:
         if not streaming:
@@ -107,7 +125,7 @@ async def _collect(watcher: DisconnectWatcher, state: ClientRequest) -> list[Str
     return deltas
 
 
-async def _events(ctx, states, fmts: list[ResponseFormatter], watcher, opts):
+async def _events(ctx, states, fmts: list[ResponseFormatter], prompt_tokens: int, watcher, opts):
     include_usage = bool(opts and opts.include_usage)
     continuous = bool(opts and opts.continuous_usage_stats)
     arrivals: asyncio.Queue[tuple[int, StreamDelta | None]] = asyncio.Queue()
@@ -120,7 +138,6 @@ async def _events(ctx, states, fmts: list[ResponseFormatter], watcher, opts):
                 return
 
     pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(states)]
-    prompt_tokens = fmts[0].prompt_tokens
     generated = [0] * len(states)
     prefixes = [f.echo_text for f in fmts]
     try:
@@ -149,7 +166,9 @@ async def _events(ctx, states, fmts: list[ResponseFormatter], watcher, opts):
             if delta.finish_reason is not None:
                 open_choices -= 1
         if include_usage:
-            yield sse(fmts[0].usage_chunk(sum(generated)))
+            last = {**fmts[0].usage_chunk(0), "usage": usage(prompt_tokens, sum(generated))}
+            await add_prediction_usage(last.get("usage"), states)
+            yield sse(last)
         yield sse("[DONE]")
     finally:
         for task in pumps:

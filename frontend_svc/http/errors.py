@@ -7,6 +7,7 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.logging import get_logger
@@ -55,7 +56,24 @@ STATUS_FOR_CODE = {
     "DEADLINE_EXCEEDED": 504,  # the answer cannot be completed by the request's deadline
     "UNAVAILABLE": 503,
     "CANCELLED": 499,
+    # a request id in flight from another client: a front-end apart hears it from the scheduler,
+    # an embedded one is refused by submit; both answer 400
+    "ALREADY_EXISTS": 400,
 }
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str
+
+
+class ErrorResponse(BaseModel):
+    """Every error's body, in OpenAI's shape; `param` names the field at fault, if one is."""
+
+    # error_body writes it; this model only describes it, in /openapi.json (http/openapi.py)
+    error: ErrorDetail
 
 
 class OpenAIError(Exception):
@@ -104,6 +122,12 @@ def error_response(
 
 
 UNION_TAGS = {"str", "int", "float", "bool", "none"}
+# OpenAI's fields this server knows and cannot honour: refused with the reason, not as unknown
+UNSUPPORTED = {
+    "web_search_options": "is not supported: this server cannot search the web",
+    "audio": "is not supported: this server generates text only",
+    "moderation": "is not supported: this server runs no moderation model",
+}
 
 
 def _param(loc) -> str | None:
@@ -130,7 +154,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         param = _param(err.get("loc", ()))
         msg = err.get("msg", "is not valid")
         if err.get("type") == "extra_forbidden":
-            msg = "is not a parameter this server knows (check its spelling)"
+            msg = UNSUPPORTED.get(
+                param or "", "is not a parameter this server knows (check its spelling)"
+            )
         elif param is None:  # the body itself
             msg = (
                 "the request body is empty; send a JSON object"

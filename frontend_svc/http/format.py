@@ -35,18 +35,30 @@ def _call_delta(delta: CallDelta) -> dict:
     }
 
 
-def _message_delta(parsed: ParsedDelta) -> dict:
+def _function_call_delta(delta: CallDelta) -> dict:
+    """The legacy `function_call` of a stream (one call, no id): the name comes once."""
+    if delta.id is None:
+        return {"arguments": delta.arguments}
+    return {"name": delta.name, "arguments": delta.arguments}
+
+
+def _message_delta(parsed: ParsedDelta, legacy: bool) -> dict:
     delta: dict = {}
     if parsed.content:
         delta["content"] = parsed.content
-    if parsed.calls:
+    if parsed.calls and legacy:
+        delta["function_call"] = _function_call_delta(parsed.calls[0])
+    elif parsed.calls:
         delta["tool_calls"] = [_call_delta(c) for c in parsed.calls]
     return delta
 
 
-def _finish_with_calls(finish: str | None, called: bool) -> str | None:
-    """`tool_calls` when the output ended by itself after a call; `length` stays `length`."""
-    return "tool_calls" if called and finish == "stop" else finish
+def _finish_with_calls(finish: str | None, called: bool, legacy: bool) -> str | None:
+    """`tool_calls` (`function_call` for a request that sent `functions`) when the output ended
+    by itself after a call; `length` stays `length`."""
+    if called and finish == "stop":
+        return "function_call" if legacy else "tool_calls"
+    return finish
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -77,6 +89,10 @@ class ResponseFormatter:
     @property
     def reads_calls(self) -> bool:
         return self.chat and self.tools is not None and self.tools.choice != "none"
+
+    @property
+    def legacy(self) -> bool:
+        return self.tools is not None and self.tools.legacy
 
     def _new_parser(self) -> ToolCallParser | NamedCallParser:
         parser = self.tools.parser() if self.tools is not None else None
@@ -147,8 +163,8 @@ class ResponseFormatter:
             parsed = self._stream_parser.feed(text)
             if finish is not None:
                 parsed.extend(self._stream_parser.finish())
-                finish = _finish_with_calls(finish, self._stream_parser.called)
-            choice["delta"] = _message_delta(parsed)
+                finish = _finish_with_calls(finish, self._stream_parser.called, self.legacy)
+            choice["delta"] = _message_delta(parsed, self.legacy)
         elif self.chat:
             choice["delta"] = {"content": text} if text or finish is None else {}
         else:
@@ -156,7 +172,7 @@ class ResponseFormatter:
         choice["logprobs"] = self.logprobs(delta.logprobs)
         choice["finish_reason"] = finish
         if finish is not None:
-            choice["stop_reason"] = delta.stop_reason or None
+            choice["stop_reason"] = delta.stop_reason
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         return {**self._head(obj), "choices": [choice]}
 
@@ -184,7 +200,7 @@ class ResponseFormatter:
             choice["text"] = text
         choice["logprobs"] = self.logprobs(entries)
         choice["finish_reason"] = finish
-        choice["stop_reason"] = (last.stop_reason or None) if last else None
+        choice["stop_reason"] = last.stop_reason if last else None
         obj = "chat.completion" if self.chat else "text_completion"
         return {
             **self._head(obj),
@@ -196,7 +212,9 @@ class ResponseFormatter:
         parser = self._new_parser()
         content, calls = assemble(parser.feed(text).extend(parser.finish()))
         message: dict = {"role": "assistant", "content": content or None}
-        if calls:
+        if calls and self.legacy:
+            message["function_call"] = {"name": calls[0].name, "arguments": calls[0].arguments}
+        elif calls:
             message["tool_calls"] = [
                 {
                     "id": call.id,
@@ -205,4 +223,4 @@ class ResponseFormatter:
                 }
                 for call in calls
             ]
-        return message, _finish_with_calls(finish, parser.called)
+        return message, _finish_with_calls(finish, parser.called, self.legacy)

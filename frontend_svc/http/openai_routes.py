@@ -16,6 +16,7 @@ from frontend_svc.http.choices import CLIENT_CLOSED, serve_choices, submit_or_ra
 from frontend_svc.http.context import HttpContext
 from frontend_svc.http.errors import OpenAIError, error_body
 from frontend_svc.http.format import ResponseFormatter, usage
+from frontend_svc.http.prediction import add_prediction_usage
 from frontend_svc.http.protocol import ChatCompletionRequest, CompletionRequest
 from frontend_svc.http.streams import DisconnectWatcher, sse
 from frontend_svc.http.tools import tool_plan
@@ -50,14 +51,14 @@ def openai_router(ctx: HttpContext) -> APIRouter:
     @router.post("/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(intake, body.model)
-        state = await _built_beside(ctx, lambda: build_completion(intake, body))
-        group = _built(ctx, lambda: choices(intake, body, state))
-        echo = intake.tokenizer.decode(state.prompt_token_ids) if body.echo else ""
+        states = await _built_beside(ctx, lambda: build_completion(intake, body))
+        groups = [_built(ctx, lambda s=s: choices(intake, body, s)) for s in states]
 
-        def fmt(index: int = 0) -> ResponseFormatter:
+        def fmt(state: ClientRequest, index: int = 0) -> ResponseFormatter:
+            echo = intake.tokenizer.decode(state.prompt_token_ids) if body.echo else ""
             return ResponseFormatter(
                 chat=False,
-                request_id=state.request_id,
+                request_id=states[0].request_id,
                 model=body.model or intake.model_name,
                 prompt_tokens=len(state.prompt_token_ids),
                 tokenizer=intake.tokenizer,
@@ -66,11 +67,12 @@ def openai_router(ctx: HttpContext) -> APIRouter:
                 index=index,
             )
 
-        if len(group) > 1:
+        if len(groups) > 1 or len(groups[0]) > 1:
             return await serve_choices(
-                ctx, request, group, fmt, body.n, body.stream, body.stream_options
+                ctx, request, groups, fmt, body.n, body.stream, body.stream_options
             )
-        return await _serve(ctx, request, state, fmt(), body.stream, body.stream_options)
+        state = states[0]
+        return await _serve(ctx, request, state, fmt(state), body.stream, body.stream_options)
 
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -79,7 +81,7 @@ def openai_router(ctx: HttpContext) -> APIRouter:
         state = await _built_beside(ctx, lambda: build_chat(intake, body, tools))
         group = _built(ctx, lambda: choices(intake, body, state))
 
-        def fmt(index: int = 0) -> ResponseFormatter:
+        def fmt(_: ClientRequest | None = None, index: int = 0) -> ResponseFormatter:
             return ResponseFormatter(
                 chat=True,
                 request_id=state.request_id,
@@ -93,7 +95,7 @@ def openai_router(ctx: HttpContext) -> APIRouter:
 
         if len(group) > 1:
             return await serve_choices(
-                ctx, request, group, fmt, body.n, body.stream, body.stream_options
+                ctx, request, [group], fmt, body.n, body.stream, body.stream_options
             )
         return await _serve(ctx, request, state, fmt(), body.stream, body.stream_options)
 
@@ -139,7 +141,7 @@ async def _serve(
         # wait for the first delta before answering, so an early error gets its HTTP status
         first = await watcher.next(state)
         if first is None:
-            return _gone(state)
+            return client_gone(state)
         if first.error:
             raise OpenAIError.from_error_code(first.error_code, first.error)
         headers = {"X-Request-Id": state.request_id}
@@ -155,12 +157,14 @@ async def _serve(
         while deltas[-1].finish_reason is None:
             delta = await watcher.next(state)
             if delta is None:
-                return _gone(state)
+                return client_gone(state)
             if delta.error:
                 raise OpenAIError.from_error_code(delta.error_code, delta.error)
             deltas.append(delta)
-        _log_finished(state, deltas[-1])
-        return JSONResponse(fmt.response(deltas), headers=headers)
+        log_finished(state, deltas[-1])
+        body = fmt.response(deltas)
+        await add_prediction_usage(body.get("usage"), [state])
+        return JSONResponse(body, headers=headers)
     finally:
         if not streaming:  # the stream's generator cleans up after itself
             watcher.close()
@@ -168,12 +172,12 @@ async def _serve(
                 scheduler.drop(state.request_id)
 
 
-def _gone(state: ClientRequest) -> Response:
+def client_gone(state: ClientRequest) -> Response:
     log.info("request_cancelled", request_id=state.request_id, api="http")
     return Response(status_code=CLIENT_CLOSED)
 
 
-def _log_finished(state: ClientRequest, last: StreamDelta) -> None:
+def log_finished(state: ClientRequest, last: StreamDelta) -> None:
     log.info(
         "request_finished",
         request_id=state.request_id,
@@ -208,9 +212,11 @@ async def _events(ctx, state, fmt: ResponseFormatter, first, watcher: Disconnect
                 )
             yield sse(chunk)
             if delta.finish_reason is not None:
-                _log_finished(state, delta)
+                log_finished(state, delta)
                 if include_usage:
-                    yield sse(fmt.usage_chunk(delta.num_output_tokens))
+                    last = fmt.usage_chunk(delta.num_output_tokens)
+                    await add_prediction_usage(last.get("usage"), [state])
+                    yield sse(last)
                 break
             delta = await watcher.next(state)
         if delta is None:

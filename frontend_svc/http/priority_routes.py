@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from common.outcomes import PriorityChangeError
 from frontend_svc.http.context import HttpContext
 from frontend_svc.http.errors import OpenAIError
+from frontend_svc.http.protocol import PRIORITY
 
 STATUS = {
     "NOT_FOUND": 404,
@@ -20,7 +21,7 @@ STATUS = {
 
 class PriorityChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    priority: int
+    priority: int = Field(json_schema_extra=PRIORITY)  # the range: the scheduler's check
 
 
 def priority_router(ctx: HttpContext) -> APIRouter:

@@ -14,19 +14,26 @@ from common.outcomes import RequestRejected
 from frontend_svc.http.build import chat_prompt, check_model, refused
 from frontend_svc.http.context import HttpContext
 from frontend_svc.http.errors import OpenAIError
-from frontend_svc.http.protocol import STRICT, ChatMessage, ToolDefinition
+from frontend_svc.http.protocol import STRICT, ChatMessage, ToolDefinition, non_empty
 from frontend_svc.http.tools import tool_plan
 
 MAX_TOKENIZE_CHARS = 1_000_000
+# the route refuses neither and both (it names `prompt`); the schema says the same
+ONE_OF_PROMPT_OR_MESSAGES = {
+    "oneOf": [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
+    ]
+}
 
 
 class TokenizeRequest(BaseModel):
     """One of `prompt` (completion style) or `messages` (chat style)."""
 
-    model_config = STRICT
+    model_config = ConfigDict(**STRICT, json_schema_extra=ONE_OF_PROMPT_OR_MESSAGES)
     model: str | None = None
     prompt: str | None = Field(None, max_length=MAX_TOKENIZE_CHARS)
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(None, json_schema_extra=non_empty)
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
     add_generation_prompt: bool = True
     tools: list[ToolDefinition] | None = None

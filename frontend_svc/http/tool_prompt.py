@@ -25,6 +25,13 @@ def template_renders_tools(template: str | None) -> bool:
     return template is not None and re.search(r"\btools\b", template) is not None
 
 
+def calls_are_tagged(template: str | None) -> bool:
+    """The model writes a call as a `<tool_call>` block: the Hermes format this server shows a
+    template that does not render tools, or one that renders them so (Qwen 2.5, Hermes). Else
+    (Llama 3.1) as a bare JSON object."""
+    return not template_renders_tools(template) or CALL_OPEN in (template or "")
+
+
 def template_inputs(
     messages: list[dict[str, Any]], plan: ToolPlan | None, template: str | None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -2,9 +2,11 @@
 
 The plan says which tools the model is shown (http/tool_prompt.py renders them), which output
 constraint guarantees a call (`required`: a JSON array of calls, each `{"name", "arguments"}`
-matching one tool; a named function: that tool's parameters schema) and which parser reads the
-calls out of the output (http/tool_parser.py). `none` shows the tools, as vLLM does by default,
-and reads no call: the output is the message content.
+matching one tool; a named function: that tool's parameters schema; `auto` beside an output
+format: a call or an answer in the format) and which parser reads the calls out of the output
+(http/tool_parser.py). `none` shows the tools, as vLLM does by default, and reads no call: the
+output is the message content. The legacy `functions` and an `allowed_tools` choice are read
+as tools and a choice first (http/tool_choice.py).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.messages import StructuredOutput
+from common.structured import MAX_TIMES, Option, any_of
 from frontend_svc.http.errors import OpenAIError
 from frontend_svc.http.protocol import ChatCompletionRequest, ToolDefinition
-from frontend_svc.http.tool_parser import NamedCallParser, ToolCallParser
+from frontend_svc.http.tool_choice import allowed_tools, is_allowed_tools, requested_tools
+from frontend_svc.http.tool_parser import CALL_CLOSE, CALL_OPEN, NamedCallParser, ToolCallParser
 
 MAX_TOOLS = 128
 CHOICES = ("none", "auto", "required")
@@ -31,6 +35,7 @@ class ToolPlan:
     choice: str  # none | auto | required | function (a named function)
     function_name: str | None = None  # choice == "function"
     parallel: bool = True  # more than one call allowed
+    legacy: bool = False  # asked as `functions`: answered as `function_call` (tool_choice.py)
 
     @property
     def names(self) -> list[str]:
@@ -59,36 +64,49 @@ class ToolPlan:
 
 
 def tool_plan(body: ChatCompletionRequest) -> ToolPlan | None:
-    """The body's tool plan (None: no tools); a 400 naming the field for anything malformed."""
-    tools = tuple(body.tools or ())
+    """The body's tool plan (None: no tools); a 400 naming the field for anything malformed.
+    allowed_tools keeps only the tools it allows."""
+    tools, value, legacy = requested_tools(body)
     _check_tools(tools)
-    choice, name = _choice(body.tool_choice, tools)
+    if is_allowed_tools(value):
+        choice, allowed = allowed_tools(value, tools)
+        tools, name = tuple(t for t in tools if t.function.name in allowed), None
+    else:
+        choice, name = _choice(value, tools)
     if not tools:
         return None
-    return ToolPlan(tools, choice, name, body.parallel_tool_calls is not False)
+    parallel = body.parallel_tool_calls is not False and not legacy
+    return ToolPlan(tools, choice, name, parallel, legacy)
 
 
 def tool_constraint(
-    plan: ToolPlan | None, asked: tuple[str, StructuredOutput] | None
+    plan: ToolPlan | None, asked: tuple[str, StructuredOutput] | None, tagged: bool = True
 ) -> tuple[str, StructuredOutput] | None:
-    """The request's one output constraint and the field it comes from: the plan's (`tools`),
-    or the body's other one (`asked`, from http/constraints.py)."""
+    """The request's one output constraint and the field it comes from, given the body's other
+    one (`asked`, from http/constraints.py):
+
+    - no tools, or `none`: `asked`;
+    - `auto`: unconstrained, or with `asked` one grammar for a call or an answer in that format
+      (`call_or_answer`; `tagged`: the model writes calls in `<tool_call>` blocks);
+    - `required` or a named function: the plan's (`tools`); the output is the call, so `asked`
+      shapes no output of this turn, as with OpenAI (and vLLM)."""
     if plan is None or plan.choice == "none":
         return asked
-    if plan.choice == "auto" and asked is not None:
-        # as vLLM: the answer follows the body's format, and calls are still read out of it
-        # (the OpenAI Agents SDK sends tools with a response_format on every turn)
-        return asked
-    if asked is not None:
-        raise OpenAIError(
-            400,
-            f"tool_choice {plan.choice!r} cannot be combined with an output constraint "
-            "(response_format, guided_* or structured_outputs): the output must be free to "
-            "call a tool; send tool_choice 'none' or leave the constraint out",
-            "tool_choice",
-        )
+    if plan.choice == "auto":
+        return None if asked is None else (asked[0], call_or_answer(plan, asked[1], tagged))
     constraint = plan.constraint()
     return None if constraint is None else ("tools", constraint)
+
+
+def call_or_answer(plan: ToolPlan, answer: StructuredOutput, tagged: bool) -> StructuredOutput:
+    """Either calls, as the model was asked to write them (1 to MAX_TIMES `<tool_call>` blocks,
+    one per line, 1 without parallel calls; or one bare call object), or `answer`."""
+    call = StructuredOutput("json_schema", json.dumps(call_schema(plan)))
+    calls = Option(call)
+    if tagged:
+        times = MAX_TIMES if plan.parallel else 1
+        calls = Option(call, f"{CALL_OPEN}\n", f"\n{CALL_CLOSE}", times, between="\n")
+    return any_of([calls, Option(answer)])
 
 
 def _check_tools(tools: tuple[ToolDefinition, ...]) -> None:
@@ -150,8 +168,8 @@ def _named_function(value: Any) -> str:
     if not isinstance(name, str):
         raise OpenAIError(
             400,
-            'tool_choice must be "none", "auto", "required" or '
-            '{"type": "function", "function": {"name": ...}}',
+            'tool_choice must be "none", "auto", "required", '
+            '{"type": "function", "function": {"name": ...}} or {"type": "allowed_tools", ...}',
             "tool_choice",
         )
     return name
@@ -163,8 +181,20 @@ def _parameters(tool: ToolDefinition) -> dict[str, Any]:
 
 
 def calls_schema(plan: ToolPlan) -> dict[str, Any]:
-    """A JSON array of 1 or more (exactly 1 without parallel calls) objects
-    `{"name": <a tool's name>, "arguments": <that tool's parameters>}`."""
+    """A JSON array of 1 or more (exactly 1 without parallel calls) calls (`call_schema`)."""
+    call = call_schema(plan)
+    defs = call.pop("$defs", None)
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": call}
+    if not plan.parallel:
+        schema["maxItems"] = 1
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+def call_schema(plan: ToolPlan) -> dict[str, Any]:
+    """One call: an object `{"name": <a tool's name>, "arguments": <that tool's parameters>}`,
+    the tools' definitions under its `$defs`."""
     defs: dict[str, Any] = {}
     items = []
     for tool in plan.tools:
@@ -180,16 +210,8 @@ def calls_schema(plan: ToolPlan) -> dict[str, Any]:
                 "additionalProperties": False,
             }
         )
-    schema: dict[str, Any] = {
-        "type": "array",
-        "minItems": 1,
-        "items": items[0] if len(items) == 1 else {"anyOf": items},
-    }
-    if not plan.parallel:
-        schema["maxItems"] = 1
-    if defs:
-        schema["$defs"] = defs
-    return schema
+    schema: dict[str, Any] = items[0] if len(items) == 1 else {"anyOf": items}
+    return {**schema, "$defs": defs} if defs else schema
 
 
 def _hoisted(name: str, parameters: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:

@@ -153,3 +153,50 @@ def test_bad_tool_requests_are_400s_naming_the_field(oai, model):
     with pytest.raises(openai.BadRequestError) as err:
         oai.chat.completions.create(model=model, messages=QUESTION, tool_choice="required")
     assert err.value.param == "tool_choice"
+
+
+class Report(BaseModel):
+    """A weather report, as an answer in the body's format."""
+
+    summary: str = Field(max_length=40)
+    celsius: int
+
+
+ASK_REPORT = [{"role": "user", "content": "Describe the weather in Paris as a short report."}]
+COPY_A_REPORT = [
+    {
+        "role": "user",
+        "content": 'Reply with this JSON and nothing else: {"summary": "Sunny", "celsius": 21}',
+    }
+]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_tools_beside_a_response_format_give_a_call_or_an_answer_in_the_format(oai, model, stream):
+    """pydantic-ai's NativeOutput: tools (auto) and a json_schema response_format at once. The
+    output is a call whose arguments match its tool, or content that matches the format. (Asked
+    for a report, greedy SmolLM2 calls the tool, and where more calls may follow it repeats the
+    call until its tokens run out, as it repeats sentences in free text: one call there.)"""
+    single = {"parallel_tool_calls": False}
+    made = set()
+    for messages, more in ((COPY_A_CALL, {}), (ASK_REPORT, single), (COPY_A_REPORT, single)):
+        completion = ask(
+            oai,
+            model,
+            stream,
+            messages=messages,
+            tools=[WEATHER_TOOL],
+            response_format=Report,
+            **more,
+        )
+        choice = completion.choices[0]
+        if choice.message.tool_calls:
+            weather_calls(completion)
+            assert choice.message.content is None
+            made.add("call")
+        else:
+            assert choice.finish_reason == "stop", choice
+            jsonschema.validate(json.loads(choice.message.content), Report.model_json_schema())
+            assert isinstance(choice.message.parsed, Report)  # the client parsed it
+            made.add("answer")
+    assert made == {"call", "answer"}  # the copied call is a call, the copied report content

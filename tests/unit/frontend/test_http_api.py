@@ -179,7 +179,7 @@ def test_stop_string_ends_the_completion_before_it():
         ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
         ({"prompt": ""}, 400, "empty"),
         ({"prompt": [10**6]}, 400, "outside the vocabulary"),
-        ({"prompt": ["a", "b"]}, 400, "one prompt per request"),
+        ({"prompt": ["a", ""]}, 400, "prompt[1] is empty"),
         ({"prompt": "x", "top_p": 0}, 400, "top_p"),
         ({"prompt": "x", "model": "gpt-9"}, 404, "unknown model"),
         ({"prompt": list(range(20, 600))}, 400, "max_model_len"),

@@ -44,6 +44,7 @@ class ScriptedWorker(ExecuteTransport):
         self.prompt_len: dict[str, int] = {}
         self.output: dict[str, list[int]] = {}
         self.prompts: list[str] = []
+        self.constraints: list = []  # each new request's StructuredOutput (None: free)
 
     async def execute(self, out: SchedulerOutput) -> StepReply:
         await asyncio.sleep(0)
@@ -52,6 +53,7 @@ class ScriptedWorker(ExecuteTransport):
             self.prompt_len[new.request_id] = len(new.prompt_token_ids)
             self.output[new.request_id] = list(new.output_token_ids)
             self.prompts.append(TOK.decode(new.prompt_token_ids, skip_special_tokens=False))
+            self.constraints.append(new.sampling_params.structured)
             computed[new.request_id] = new.num_computed_tokens
         for cached in out.cached_requests:
             computed[cached.request_id] = cached.num_computed_tokens
@@ -226,7 +228,6 @@ def test_a_follow_up_turn_renders_the_calls_and_the_results():
             "tool_choice",
         ),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"tools": [WEATHER], "tool_choice": "required", "guided_json": {}}, "tool_choice"),
         (
             {"messages": [{"role": "user", "content": "hi", "tool_calls": []}]},
             None,

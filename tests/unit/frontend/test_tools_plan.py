@@ -103,19 +103,6 @@ BAD_TOOLS = [
         "tools.0.function.parameters",
         "type object",
     ),
-    (
-        {"tool_choice": "required", "response_format": {"type": "json_object"}},
-        "tool_choice",
-        "combined",
-    ),
-    (
-        {
-            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-            "guided_regex": "a+",
-        },
-        "tool_choice",
-        "combined",
-    ),
 ]
 
 
@@ -135,12 +122,25 @@ def test_none_keeps_the_tools_in_the_prompt_and_allows_another_constraint():
     assert "get_weather" in TOK.decode(state.prompt_token_ids)
 
 
-def test_auto_keeps_the_tools_in_the_prompt_and_the_body_format_on_the_output():
+def test_auto_keeps_the_tools_in_the_prompt_and_a_call_or_the_body_format_on_the_output():
     intake = Intake(TOK, "fake", {"fake"}, 512)
     fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
     state = build_chat(intake, body(response_format=fmt))
-    assert state.params.structured.kind == "json_schema"
+    assert state.params.structured.kind == "any_of"  # tests/unit/frontend/test_tools_beside_format
     assert "get_weather" in TOK.decode(state.prompt_token_ids)
+
+
+def test_required_and_named_choices_beside_another_constraint_keep_the_tools_constraint():
+    intake = Intake(TOK, "fake", {"fake"}, 512)
+    required = build_chat(
+        intake, body(tool_choice="required", response_format={"type": "json_object"})
+    )
+    assert required.params.structured.spec == json.dumps(
+        calls_schema(tool_plan(body(tool_choice="required")))
+    )
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    state = build_chat(intake, body(tool_choice=named, guided_regex="a+"))
+    assert json.loads(state.params.structured.spec) == WEATHER["function"]["parameters"]
 
 
 def conversation() -> list[dict]:
