@@ -1,5 +1,6 @@
 """/v1/responses with the official `openai` client (and the OpenAI Agents SDK, when installed)
-against the shared real cluster (SmolLM2): text streamed and not, and a function tool loop."""
+against the shared real cluster (SmolLM2): text streamed and not, a function tool loop, and
+text.format with a JSON schema (responses.parse)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 
 import jsonschema
 import openai
+import pydantic
 import pytest
 
 from tests.e2e.http_cluster import API_KEY, shared_http_cluster
@@ -57,6 +59,34 @@ def test_text_streamed_equals_whole_and_continues_by_id(oai, model):
     follow = oai.responses.create(input="And of Spain?", previous_response_id=whole.id, **ask)
     assert follow.previous_response_id == whole.id and follow.output_text
     assert follow.usage.input_tokens > whole.usage.input_tokens  # the first turn came along
+
+
+class Capital(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    country: str = pydantic.Field(max_length=20)
+    city: str = pydantic.Field(max_length=20)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_text_format_holds_the_answer_to_its_schema(oai, model, stream):
+    ask = {
+        "model": model,
+        "temperature": 0,
+        "max_output_tokens": 64,
+        "input": "What is the capital of France? Answer in JSON.",
+        "text_format": Capital,
+    }
+    if stream:
+        with oai.responses.stream(**ask) as events:
+            response = events.get_final_response()
+    else:
+        response = oai.responses.parse(**ask)
+    assert response.status == "completed"
+    parsed = response.output_parsed
+    assert isinstance(parsed, Capital)  # the client parsed it against the model: the schema held
+    assert json.loads(response.output_text) == parsed.model_dump()
+    # constrained JSON has one layout, json.dumps' own (docs/structured_output.md)
+    assert response.output_text == json.dumps(json.loads(response.output_text))
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
