@@ -199,7 +199,7 @@ def install_error_handlers(app: FastAPI, on_invalid: Callable[[], None] | None =
         if exc.status_code == 404:
             message = (
                 f"no route {request.method} {request.url.path}; the API is under /v1 "
-                "(/v1/completions, /v1/chat/completions, /v1/models)"
+                "(/v1/chat/completions, /v1/completions, /v1/responses, /v1/models)"
             )
             return error_response(404, message, None, "not_found")
         if exc.status_code == 405:
