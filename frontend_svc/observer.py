@@ -16,7 +16,7 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 class ModelServerCollector(Collector):
     """The Model Server Protocol's metrics under vLLM's names, which the Gateway API Inference
     Extension's endpoint picker reads from the pods it routes to (these front-ends): the whole
-    cluster's load as of the leader's last status, the numbers scheduler_svc/obs/metrics.py
+    cluster's load as of the leader's last status, the numbers scheduler_svc/obs/worker_collector.py
     (model_server_metrics) emits on the leader. Every front-end reaches the same workers, so
     all report the same; the leader places requests on workers. Nothing while no leader is
     connected. No LoRA: vllm:lora_requests_info with empty adapter lists and max_lora 0."""

@@ -86,7 +86,7 @@ async def serve_choices(
             events = _events(ctx, states, fmts, prompt_tokens, watcher, opts)
             headers = {"X-Request-Id": states[0].request_id, "Cache-Control": "no-cache"}
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        results = await asyncio.gather(*(_collect(watcher, s) for s in states))
+        results = await asyncio.gather(*(collect_deltas(watcher, s) for s in states))
         if any(r is None for r in results):
             return Response(status_code=CLIENT_CLOSED)
         generated = sum(r[-1].num_output_tokens for r in results if r)
@@ -113,8 +113,12 @@ async def serve_choices(
                     ctx.scheduler.drop(state.request_id)
 
 
-async def _collect(watcher: DisconnectWatcher, state: ClientRequest) -> list[StreamDelta] | None:
-    deltas: list[StreamDelta] = []
+async def collect_deltas(
+    watcher: DisconnectWatcher, state: ClientRequest, deltas: list[StreamDelta] | None = None
+) -> list[StreamDelta] | None:
+    """The request's deltas (after those already taken) up to its finish; None once the client
+    is gone. A delta carrying an error raises it as the HTTP error it maps to."""
+    deltas = [] if deltas is None else deltas
     while not deltas or deltas[-1].finish_reason is None:
         delta = await watcher.next(state)
         if delta is None:

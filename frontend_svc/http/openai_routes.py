@@ -12,7 +12,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from common.logging import get_logger
 from frontend_svc.client_request import ClientRequest, StreamDelta
 from frontend_svc.http.build import build_chat, build_completion, check_model, choices
-from frontend_svc.http.choices import CLIENT_CLOSED, serve_choices, submit_or_raise
+from frontend_svc.http.choices import (
+    CLIENT_CLOSED,
+    collect_deltas,
+    serve_choices,
+    submit_or_raise,
+)
 from frontend_svc.http.context import HttpContext
 from frontend_svc.http.errors import OpenAIError, error_body
 from frontend_svc.http.format import ResponseFormatter, usage
@@ -153,14 +158,9 @@ async def _serve(
                 media_type="text/event-stream",
                 headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        deltas = [first]
-        while deltas[-1].finish_reason is None:
-            delta = await watcher.next(state)
-            if delta is None:
-                return client_gone(state)
-            if delta.error:
-                raise OpenAIError.from_error_code(delta.error_code, delta.error)
-            deltas.append(delta)
+        deltas = await collect_deltas(watcher, state, [first])
+        if deltas is None:
+            return client_gone(state)
         log_finished(state, deltas[-1])
         body = fmt.response(deltas)
         await add_prediction_usage(body.get("usage"), [state])

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from common.logging import get_logger
 from frontend_svc.client_request import ClientRequest, StreamDelta
 from frontend_svc.http.build import build_chat, check_model
-from frontend_svc.http.choices import submit_or_raise
+from frontend_svc.http.choices import collect_deltas, submit_or_raise
 from frontend_svc.http.context import HttpContext
 from frontend_svc.http.errors import OpenAIError
 from frontend_svc.http.format import ResponseFormatter
@@ -165,14 +165,9 @@ async def _serve(
             events = _events(ctx, state, fmt, shape, first, watcher, keep)
             headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        deltas = [first]
-        while deltas[-1].finish_reason is None:
-            delta = await watcher.next(state)
-            if delta is None:
-                return client_gone(state)
-            if delta.error:
-                raise OpenAIError.from_error_code(delta.error_code, delta.error)
-            deltas.append(delta)
+        deltas = await collect_deltas(watcher, state, [first])
+        if deltas is None:
+            return client_gone(state)
         log_finished(state, deltas[-1])
         choice = fmt.response(deltas)["choices"][0]
         finish, status = choice["finish_reason"], status_of(choice["finish_reason"])
