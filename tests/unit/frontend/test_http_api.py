@@ -9,7 +9,6 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.tokenizer import load_tokenizer
 from frontend_svc.http import create_app
 from frontend_svc.http.build import build_chat, choices
 from frontend_svc.http.protocol import ChatCompletionRequest
@@ -22,13 +21,10 @@ from tests.engine_fakes import (
     FakeWorker,
     http_context,
     make_engine,
-    reference,
     registration,
     run_session,
 )
-
-TOK = load_tokenizer(None)
-MODEL = "fake"
+from tests.unit.frontend.http_harness import MODEL, TOK, expected_text, sse_events
 
 
 def run(fn, workers: int = 1, api_key: str = "", **engine_overrides):
@@ -53,20 +49,6 @@ def run(fn, workers: int = 1, api_key: str = "", **engine_overrides):
             await asyncio.gather(*tasks)
 
     return asyncio.run(main())
-
-
-def sse_events(body: str) -> list:
-    events = []
-    for block in body.split("\n\n"):
-        if block.startswith("data: "):
-            data = block[len("data: ") :]
-            events.append(data if data == "[DONE]" else json.loads(data))
-    return events
-
-
-def expected_text(prompt_ids: list[int], n: int) -> str:
-    """What the fake worker's tokens decode to (an incomplete last character is held back)."""
-    return TOK.decode(reference(prompt_ids, n)).rstrip("\ufffd")
 
 
 def test_completion_not_streamed_counts_usage_and_text():
