@@ -89,6 +89,9 @@ class Served:
 
     def close(self) -> None:
         self.call(self._stop())
+        # the routes build requests in the loop's executor threads: wait for them all, so no
+        # work of this module's still runs while the next module's tests do
+        self.call(self.loop.shutdown_default_executor())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
         self.loop.close()
