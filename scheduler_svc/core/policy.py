@@ -42,7 +42,8 @@ class SchedulingPolicy:
     refresh(now): aging hook, called once per step when ``aging`` is True; return True when keys
         changed (O(waiting) re-sort, so only when something really changed).
     account(requests, num_tokens): called after each step when ``accounts`` is True, with the
-        requests scheduled and their token counts (per-tenant service, fair share).
+        requests scheduled and their token counts (per-tenant service, fair share; the step
+        time a policy without a cost fit learns on its clock).
     admits(request): False holds a waiting request back for this step (it keeps its place and
         admission goes on with the next); default True.
     hopeless_waiting(): waiting requests to end now (FinishReason.SHED) because they can no

@@ -18,15 +18,17 @@ Cost: the worker's measured step costs (the simulator's cost model and SLO admis
 ``a + b * tokens``): a prefill token costs ``prefill_s_per_token``; an output token costs one
 decode step of latency (``decode_s_per_token``) but only its share of a batched step in machine
 time (``decode_work_s_per_token``). Latency bounds when the request alone could finish; machine
-time is what it takes from the others.
+time is what it takes from the others. A policy the service gives no costs learns the same line
+from the steps it sees on its own clock (``StepClock``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from scheduler_svc.core.request import FinishReason, Request
+from scheduler_svc.core.request import FinishReason, Request, RequestStatus
 
 _LEARNED_REASONS = (FinishReason.STOP, FinishReason.LENGTH)
 
@@ -163,6 +165,84 @@ class StepFit:
         a, b = self.base_s, self.per_token_s
         batch = max(1, batch)
         return ServiceCosts(b, a + b, (a + b * batch) / batch)
+
+
+@dataclass(slots=True)
+class StepClock:
+    """A worker's step time learned on the policy's clock, for a policy the service gives no
+    cost fit. The time between two steps that both ran a request is one step of the earlier,
+    whose tokens it pays for (a request runs on one worker, so steps of other workers sharing
+    the policy never pair up). ``fit`` is the exponentially weighted least-squares line of
+    those seconds against tokens computed. A gap far longer than the line predicts is the
+    worker idling, not computing, unless such gaps keep coming: then the steps slowed and the
+    line starts over from them."""
+
+    weight: float = 0.1  # of the newest step: recent steps count, an odd one does not take over
+    idle_factor: float = 4.0
+    patience: int = 3
+    batch: float = 1.0  # mean requests per step
+    _last: dict[str, tuple[float, int, Request]] = field(default_factory=dict)
+    _count: int = 0
+    _long: int = 0  # long gaps in a row
+    _mean_tokens: float = 0.0
+    _mean_s: float = 0.0
+    _var_tokens: float = 0.0
+    _cov: float = 0.0
+
+    def step(
+        self, now: float, requests: Sequence[Request], num_tokens: Sequence[int]
+    ) -> StepFit | None:
+        """One step scheduled at ``now``; the new fit when it learned from the step."""
+        last = self._last
+        for rid in [rid for rid, seen in last.items() if seen[2].status is RequestStatus.FINISHED]:
+            del last[rid]
+        tokens = sum(num_tokens)
+        gap: tuple[float, int] | None = None  # the shortest: a request may have sat out steps
+        for r in requests:
+            seen = last.get(r.request_id)
+            if seen is not None and (gap is None or now - seen[0] < gap[0]):
+                gap = (now - seen[0], seen[1])
+            last[r.request_id] = (now, tokens, r)
+        if gap is None or not self._add(gap[1], gap[0], len(requests)):
+            return None
+        fit = self.fit()
+        return fit if fit is not None and fit.usable else None
+
+    def _add(self, tokens: int, seconds: float, seqs: int) -> bool:
+        if seconds <= 0 or tokens <= 0:
+            return False
+        if self._count and seconds > self.idle_factor * self.predict_s(tokens):
+            self._long += 1
+            if self._long < self.patience:
+                return False
+            self._count = 0
+        self._long = 0
+        w = self.weight
+        if not self._count:
+            self._mean_tokens, self._mean_s, self._var_tokens, self._cov = tokens, seconds, 0, 0
+            self.batch = seqs
+        else:
+            dx, dy = tokens - self._mean_tokens, seconds - self._mean_s
+            self._mean_tokens += w * dx
+            self._mean_s += w * dy
+            self._var_tokens = (1 - w) * (self._var_tokens + w * dx * dx)
+            self._cov = (1 - w) * (self._cov + w * dx * dy)
+            self.batch += w * (seqs - self.batch)
+        self._count += 1
+        return True
+
+    def fit(self) -> StepFit | None:
+        """The learned line (None before two steps of one request were seen); neither its base
+        nor its price per token below zero."""
+        if not self._count:
+            return None
+        slope = self._cov / self._var_tokens if self._var_tokens > 0 else 0.0
+        slope = min(max(slope, 0.0), self._mean_s / self._mean_tokens)
+        return StepFit(self._mean_s - slope * self._mean_tokens, slope)
+
+    def predict_s(self, tokens: int) -> float:
+        fit = self.fit()
+        return 0.0 if fit is None else fit.base_s + fit.per_token_s * tokens
 
 
 def tokens_to_compute(request: Request) -> int:

@@ -8,7 +8,9 @@ demoted: it joins the
 requests without a deadline, served after every feasible one, oldest first (best effort, never
 dropped). The check runs when a request is queued and, through ``refresh``, every step: the
 policy keeps the instant each waiting request stops being feasible and bumps its generation
-when one passes, so every queue ordered by it re-sorts once.
+when one passes, so every queue ordered by it re-sorts once. The step costs are the
+constructor's, the service's measured fit (``measured``) or, given neither, learned from the
+steps on the policy's own clock (``StepClock``).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections.abc import Sequence
 
 from scheduler_svc.core.policy import SchedulingPolicy, register_policy
 from scheduler_svc.core.remaining_work import (
     OutputLengthPredictor,
     ServiceCosts,
+    StepClock,
     StepFit,
     latency_s,
 )
@@ -33,16 +37,25 @@ _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED, RequestStatus.SWAPPE
 class DeadlinePolicy(SchedulingPolicy):
     name = "deadline"
     aging = True  # refresh() every step: demotions
+    accounts = True  # account() tells which requests ran: the step time without a cost fit
     uses_step_costs = True
 
-    def __init__(self, prefill_s_per_token: float = 2e-4, decode_s_per_token: float = 0.02):
+    def __init__(
+        self, prefill_s_per_token: float | None = None, decode_s_per_token: float | None = None
+    ) -> None:
         for label, v in (
             ("prefill_s_per_token", prefill_s_per_token),
             ("decode_s_per_token", decode_s_per_token),
         ):
-            if not (math.isfinite(v) and v >= 0):
+            if v is not None and not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"{label} must be a finite number >= 0; got {v!r}")
-        self.costs = ServiceCosts(prefill_s_per_token, decode_s_per_token, decode_s_per_token)
+        self.steps = (
+            StepClock() if prefill_s_per_token is None and decode_s_per_token is None else None
+        )
+        guess = ServiceCosts()  # until given or learned
+        decode = guess.decode_s_per_token if decode_s_per_token is None else decode_s_per_token
+        prefill = guess.prefill_s_per_token if prefill_s_per_token is None else prefill_s_per_token
+        self.costs = ServiceCosts(prefill, decode, decode)
         self.predictor = OutputLengthPredictor()
         self._known: dict[str, Request] = {}  # seen by key(), learned from once finished
         self._expiry: list[tuple[float, int, Request]] = []  # (latest feasible start, seq, req)
@@ -56,7 +69,15 @@ class DeadlinePolicy(SchedulingPolicy):
 
     def measured(self, fit: StepFit, batch: int, num_workers: int) -> None:
         if fit.usable:
+            self.steps = None  # the service's fit wins over the policy's own
             self.costs = fit.service_costs(batch)
+
+    def account(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> None:
+        """Without a cost fit, the steps on the policy's clock teach it the step time."""
+        steps = self.steps
+        fit = None if steps is None else steps.step(self.clock(), requests, num_tokens)
+        if steps is not None and fit is not None:
+            self.costs = fit.service_costs(round(steps.batch))
 
     def time_left(self, request: Request) -> float:
         """The service the request still needs alone: its tokens left to compute at the

@@ -9,7 +9,9 @@ within the TPOT targets of the requests in it.
 Every step (``refresh``) the policy re-plans over the requests it knows, waiting and running,
 with their predicted remaining work (core/remaining_work.py). Its step costs start as the
 constructor's and, in the service, follow the workers' measured step time and the number of
-live workers (``measured``, called by the engine after every step):
+live workers (``measured``, called by the engine after every step). Given neither costs nor a
+measured fit, it learns the step time from the steps it sees on its own clock (``StepClock``)
+until the service gives one:
 
 - **hopeless**: even alone it would finish after its deadline. It can no longer count.
 - **the feasible set**: the others in earliest-deadline order, each adding its worker time
@@ -54,6 +56,7 @@ from scheduler_svc.core.policy import SchedulingPolicy, register_policy
 from scheduler_svc.core.remaining_work import (
     OutputLengthPredictor,
     ServiceCosts,
+    StepClock,
     StepFit,
     due,
     has_targets,
@@ -97,18 +100,23 @@ class GoodputPolicy(SchedulingPolicy):
 
     def __init__(
         self,
-        prefill_s_per_token: float = 2e-4,
-        decode_s_per_token: float = 0.02,
+        prefill_s_per_token: float | None = None,
+        decode_s_per_token: float | None = None,
         decode_work_s_per_token: float | None = None,
         decode_s_per_seq: float = 0.0,
         num_workers: int = 1,
         max_wait_s: float = 120.0,
         shed_hopeless: bool = False,
     ) -> None:
+        self.steps = (
+            StepClock() if prefill_s_per_token is None and decode_s_per_token is None else None
+        )
+        guess = ServiceCosts()  # until given or learned
+        decode = guess.decode_s_per_token if decode_s_per_token is None else decode_s_per_token
         self.costs = ServiceCosts(
-            prefill_s_per_token,
-            decode_s_per_token,
-            decode_s_per_token if decode_work_s_per_token is None else decode_work_s_per_token,
+            guess.prefill_s_per_token if prefill_s_per_token is None else prefill_s_per_token,
+            decode,
+            decode if decode_work_s_per_token is None else decode_work_s_per_token,
         )
         if not (isinstance(decode_s_per_seq, int | float) and decode_s_per_seq >= 0):
             raise ValueError(f"decode_s_per_seq must be a number >= 0; got {decode_s_per_seq!r}")
@@ -130,9 +138,13 @@ class GoodputPolicy(SchedulingPolicy):
         one token's marginal cost."""
         if not fit.usable:
             return
+        self.steps = None  # the service's fit wins over the policy's own
+        self._use(fit, batch)
+        self.num_workers = max(1, num_workers)
+
+    def _use(self, fit: StepFit, batch: int) -> None:
         self.costs = fit.service_costs(batch)
         self.decode_s_per_seq = fit.per_token_s
-        self.num_workers = max(1, num_workers)
 
     # -- the plan ------------------------------------------------------------------------------
     def _outputs_left(self, request: Request) -> int:
@@ -340,6 +352,10 @@ class GoodputPolicy(SchedulingPolicy):
             if r.request_id not in known:
                 known[r.request_id] = r
                 self.predictor.predict(r)
+        steps = self.steps
+        fit = None if steps is None else steps.step(self.clock(), requests, num_tokens)
+        if steps is not None and fit is not None:
+            self._use(fit, round(steps.batch))
 
     def forget(self, request: Request) -> None:
         """A request that ended outside the scheduler's view (shed, aborted)."""

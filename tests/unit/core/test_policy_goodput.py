@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 
 import pytest
 
 from scheduler_svc.core import FinishReason, RequestStatus, Scheduler, SchedulerConfig
 from scheduler_svc.core.policies import GoodputPolicy
-from scheduler_svc.core.remaining_work import OutputLengthPredictor
+from scheduler_svc.core.remaining_work import OutputLengthPredictor, StepClock, StepFit
 from splitserve.sim import SimSettings, TraceRequest
 from splitserve.sim.costmodel import StepCostModel
 from splitserve.sim.simulator import Simulator, simulate
@@ -48,9 +49,9 @@ def alone_s(tr: TraceRequest) -> float:
     return res.records[0].finish or 0.0
 
 
-def best_order(trace: list[TraceRequest]) -> int:
+def best_order(trace: list[TraceRequest], alone: Callable[[TraceRequest], float] = alone_s) -> int:
     """Exhaustive search: the most deadlines any serial order of the requests meets."""
-    jobs = [(alone_s(tr), tr.deadline or 0.0) for tr in trace]
+    jobs = [(alone(tr), tr.deadline or 0.0) for tr in trace]
     best = 0
     for order in itertools.permutations(range(len(jobs))):
         t, on_time = 0.0, 0
@@ -331,3 +332,115 @@ def test_a_ttft_target_admits_on_its_first_token_not_on_the_folded_deadline():
     policy.refresh(0.0)
     assert policy.plan.standing("new") == 1  # feasible: held back by its first token alone
     assert not policy.admits(newcomer)
+
+
+def met_on_a_fake_clock(policy: str, trace: list[TraceRequest], step_s: float, **options) -> int:
+    """The core alone, one request at a time, on a worker whose every step takes ``step_s`` and
+    samples one token per scheduled request."""
+    clock = [0.0]
+    sched = Scheduler(
+        SchedulerConfig(policy=policy, policy_options=options, max_num_seqs=1, num_blocks=512)
+    )
+    sched.policy.clock = lambda: clock[0]  # type: ignore[method-assign]
+    for tr in trace:
+        sched.add_request(
+            request(
+                tr.request_id,
+                prompt(tr.prompt_len),
+                max_tokens=tr.output_len,
+                deadline=tr.deadline,
+                ignore_eos=True,
+            )
+        )
+    on_time = 0
+    while sched.has_unfinished_requests():
+        out = sched.schedule()
+        clock[0] += step_s
+        sampled = {rid: [7] for rid in out.num_scheduled_tokens}
+        for o in sched.update_from_output(out, sampled):
+            deadline = next(tr.deadline for tr in trace if tr.request_id == o.request_id)
+            on_time += o.finished and deadline is not None and clock[0] <= deadline + 1e-9
+    return on_time
+
+
+# (step time, output tokens): a worker twice as fast as the default costs assume, and one as
+# fast with requests half as long; in both the best serial order meets three deadlines
+FAKE_WORKERS = [(0.01, 18), (0.02, 10)]
+
+
+DEFAULT_COSTS = {"prefill_s_per_token": 2e-4, "decode_s_per_token": 0.02}
+
+
+def eight_requests_of(output_len: int) -> list[TraceRequest]:
+    return [
+        TraceRequest(tr.request_id, 0.0, tr.prompt_len, output_len, deadline=tr.deadline)
+        for tr in eight_requests()
+    ]
+
+
+@pytest.mark.parametrize(("step_s", "output_len"), FAKE_WORKERS)
+def test_without_costs_goodput_learns_the_step_time_from_its_clock(step_s, output_len):
+    trace = eight_requests_of(output_len)
+    best = best_order(trace, lambda tr: tr.output_len * step_s)  # one token a step
+    assert best == 3
+    assert met_on_a_fake_clock("goodput", trace, step_s) >= best
+
+
+@pytest.mark.parametrize(("step_s", "output_len", "before"), [(0.01, 18, 1), (0.02, 10, 2)])
+def test_given_costs_goodput_does_not_learn(step_s, output_len, before):
+    trace = eight_requests_of(output_len)
+    assert met_on_a_fake_clock("goodput", trace, step_s, **DEFAULT_COSTS) == before
+
+
+def test_without_costs_the_deadline_policy_learns_the_step_time_too():
+    trace = eight_requests()
+    assert met_on_a_fake_clock("deadline", trace, 0.01, **DEFAULT_COSTS) == 2
+    assert met_on_a_fake_clock("deadline", trace, 0.01) == 3
+
+
+def test_before_any_step_and_after_a_measured_fit_the_costs_are_not_learned():
+    policy = GoodputPolicy()
+    assert policy.costs == GoodputPolicy(prefill_s_per_token=2e-4, decode_s_per_token=0.02).costs
+    now = [0.0]
+    policy.clock = lambda: now[0]
+    r = request("r", prompt(10), max_tokens=10)
+    policy.account([r], [10])  # one step: no time between steps yet
+    assert policy.costs.decode_s_per_token == 0.02
+    now[0] = 0.05
+    policy.account([r], [1])
+    assert policy.costs.decode_s_per_token == pytest.approx(0.05)
+    policy.measured(StepFit(base_s=0.03, per_token_s=0.0), batch=1, num_workers=1)
+    now[0] = 0.06
+    policy.account([r], [1])
+    assert policy.costs.decode_s_per_token == pytest.approx(0.03)  # the service's fit wins
+
+
+def test_step_clock_fits_base_and_price_per_token_and_skips_idle_gaps():
+    steps = StepClock()
+    r = request("r", prompt(100), max_tokens=50)
+    t = 0.0
+    for tokens in [100, *[1] * 20]:
+        steps.step(t, [r], [tokens])
+        t += 0.01 + 1e-4 * tokens
+    fit = steps.fit()
+    assert fit is not None
+    assert fit.base_s == pytest.approx(0.01) and fit.per_token_s == pytest.approx(1e-4)
+    steps.step(t + 5.0, [r], [1])  # the worker sat idle
+    assert steps.predict_s(1) == pytest.approx(0.0101)
+    t += 5.0
+    for _ in range(steps.patience):  # the steps themselves got slower: start over from them
+        t += 0.5
+        steps.step(t, [r], [1])
+    assert steps.predict_s(1) == pytest.approx(0.5)
+
+
+def test_step_clock_pairs_steps_of_one_request_not_of_two_workers():
+    steps = StepClock()
+    a, b = request("a", prompt(4)), request("b", prompt(4))
+    for k in range(10):  # two workers sharing the policy step in turn, 20 ms apart each
+        steps.step(0.02 * k, [a], [1])
+        steps.step(0.02 * k + 0.001, [b], [1])
+    assert steps.predict_s(1) == pytest.approx(0.02)
+    a.status = RequestStatus.FINISHED
+    steps.step(0.2, [b], [1])
+    assert "a" not in steps._last
