@@ -19,6 +19,7 @@ from common.credentials import PREFIX, SCHEDULER_NAME, Credentials
 SERVICE_ROLES = {
     "/splitserve.v1.WorkerLink/": "worker",
     "/splitserve.v1.FrontendLink/": "frontend",
+    "/splitserve.v1.ShardLink/": "scheduler",
 }
 LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 # FrontendLink.SetPriority: which front-end asks (a front-end may reprioritise only its own)

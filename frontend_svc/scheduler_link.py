@@ -279,6 +279,8 @@ class SchedulerLink:
             elif kind == "status":
                 self.status = msg.status
                 self.streams.set_stream_interval(msg.status.stream_interval)
+            elif kind == "reclaim":
+                self._reclaim(msg.reclaim.request_ids)
 
     def _apply(self, update: pb.RequestUpdate, now: float) -> None:
         logprobs = None
@@ -323,6 +325,18 @@ class SchedulerLink:
             ttft_target_s=state.ttft_target_s or 0.0,
             tpot_target_s=state.tpot_target_s or 0.0,
         )
+
+    def _reclaim(self, request_ids) -> None:
+        """The leader lost the step shard that ran these: each one still in flight here goes
+        back with the tokens its client has; the others it may forget."""
+        if self._outbox is None:
+            return
+        for request_id in request_ids:
+            state = self.requests.get(request_id)
+            if state is None:
+                self._cancel(request_id)
+            else:
+                self._outbox.put_nowait(pb.FrontendMessage(resubmit=self._submit_message(state)))
 
     def _cancel(self, request_id: str) -> None:
         if self._outbox is not None and self.connected.is_set():

@@ -125,6 +125,14 @@ class Failover:
     max_migrations: int = opt(3, "times a request may move to another worker before failing")
 
 
+@config_group("step shards")
+class StepShards:
+    leader: str = opt(
+        "",
+        "`splitserve shard`: the leader's internal address HOST:PORT (with --etcd: whoever leads)",
+    )
+
+
 @dataclass(slots=True)
 class SchedulerServiceConfig(
     ClientEndpoint,
@@ -140,6 +148,7 @@ class SchedulerServiceConfig(
     Placement,
     Admission,
     Failover,
+    StepShards,
     Logging,
     EventLoop,
 ):

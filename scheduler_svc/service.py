@@ -18,6 +18,8 @@ from common.model_source import read_vocab_size, resolve_model
 from common.pb import (
     frontend_link_pb2,
     frontend_link_pb2_grpc,
+    shard_link_pb2,
+    shard_link_pb2_grpc,
     worker_link_pb2,
     worker_link_pb2_grpc,
 )
@@ -32,6 +34,7 @@ from scheduler_svc.links.worker_link import WorkerLinkService
 from scheduler_svc.obs.dashboard_history import DashboardHistory
 from scheduler_svc.obs.engine_observer import ObserverGroup
 from scheduler_svc.obs.metrics import MetricsObserver
+from scheduler_svc.shards.shard_router import ShardLinkService, ShardRouter
 
 log = get_logger("splitserve.scheduler")
 WORKER_LINK_MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a step may carry many long new prompts
@@ -69,16 +72,19 @@ def load_credentials(cfg: SchedulerServiceConfig) -> Credentials | None:
 class SchedulerService:
     """The running service: the internal gRPC port around one ServingEngine."""
 
-    def __init__(self, cfg: SchedulerServiceConfig) -> None:
+    def __init__(self, cfg: SchedulerServiceConfig, shard: bool = False) -> None:
+        """`shard`: a step shard's service (splitserve/shard_process.py): it serves workers
+        only, for the leader it dials."""
         check_config(cfg)
         self.credentials = load_credentials(cfg)
         self.cfg = cfg
         self.source = source = resolve_model(cfg.model)
         self.engine = ServingEngine(cfg, source.name, read_vocab_size(source))
-        self.role = SchedulerRole(role="standby" if cfg.etcd else "leader")
+        self.role = SchedulerRole(role="shard" if shard else "standby" if cfg.etcd else "leader")
         if cfg.scheduler_id:
             self.role.scheduler_id = cfg.scheduler_id
-        if cfg.etcd:  # nothing is dispatched before this one leads and has rebuilt
+        self.shards = None if shard or cfg.client_api else ShardRouter(self.engine, self._epoch)
+        if cfg.etcd and not shard:  # nothing is dispatched before this one leads and rebuilt
             self.engine.begin_rebuild()
         self.metrics = MetricsObserver(self.engine)
         self.metrics.registry.register(RoleCollector(self.role))
@@ -86,6 +92,9 @@ class SchedulerService:
         self.engine.observer = ObserverGroup(self.metrics, self.history)
         self.health = health.aio.HealthServicer()
         self.worker_server, self.worker_port = self._internal_port(cfg)
+
+    def _epoch(self) -> int:
+        return self.role.epoch
 
     def _internal_port(self, cfg: SchedulerServiceConfig) -> tuple[grpc.aio.Server, int]:
         """The worker-link port: workers' WorkerLink, and front-ends' FrontendLink where they
@@ -109,14 +118,19 @@ class SchedulerService:
         worker_link_pb2_grpc.add_WorkerLinkServicer_to_server(
             WorkerLinkService(self.engine, lambda: self.role.epoch), server
         )
-        if not cfg.client_api:
+        if self.shards is not None:  # front-ends and step shards dial a leader apart
+            leading = lambda: self.role.role == "leader"  # noqa: E731
             frontend_link_pb2_grpc.add_FrontendLinkServicer_to_server(
                 FrontendLinkService(
-                    self.engine, self.role, cfg.max_model_len, lambda: self.role.role == "leader"
+                    self.engine, self.role, cfg.max_model_len, leading, self.shards
                 ),
                 server,
             )
+            shard_link_pb2_grpc.add_ShardLinkServicer_to_server(
+                ShardLinkService(self.shards, lambda: self.role.scheduler_id, leading), server
+            )
             services.append(frontend_link_pb2.DESCRIPTOR.services_by_name["FrontendLink"].full_name)
+            services.append(shard_link_pb2.DESCRIPTOR.services_by_name["ShardLink"].full_name)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((*services, reflection.SERVICE_NAME), server)
         address = f"{cfg.host}:{cfg.worker_port}"

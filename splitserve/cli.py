@@ -1,4 +1,4 @@
-"""The `splitserve` command: scheduler, worker, frontend, up, status, generate, credentials,
+"""The `splitserve` command: scheduler, shard, worker, frontend, up, status, generate, credentials,
 bench serve, sim."""
 
 from __future__ import annotations
@@ -14,6 +14,16 @@ def _scheduler_parser(sub) -> None:
     from scheduler_svc.config import SchedulerServiceConfig
 
     p = sub.add_parser("scheduler", help="run the scheduler service")
+    add_dataclass_args(p, SchedulerServiceConfig)
+
+
+def _shard_parser(sub) -> None:
+    from scheduler_svc.config import SchedulerServiceConfig
+
+    p = sub.add_parser(
+        "shard",
+        help="run a step shard: the step loops of the workers that dial it, for the leader",
+    )
     add_dataclass_args(p, SchedulerServiceConfig)
 
 
@@ -71,6 +81,14 @@ def _up_parser(sub) -> None:
         default=0,
         help="front-end processes sharing --port and --http-port (0 = the scheduler serves "
         "clients itself)",
+    )
+    own.add_argument(
+        "--scheduler-shards",
+        type=int,
+        default=-1,
+        help="step shards: processes that run the step loops of the workers, each for its "
+        "share of them, for the leader (needs a front-end apart; -1 = one per 8 workers, at "
+        "most one per 2 cores beyond the first 2, 0 = none)",
     )
     own.add_argument("--etcd-port", type=int, default=2379, help="port of the local etcd")
     own.add_argument(
@@ -227,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="splitserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _scheduler_parser(sub)
+    _shard_parser(sub)
     _frontend_parser(sub)
     _status_parser(sub)
     _up_parser(sub)
@@ -245,6 +264,12 @@ def main(argv: list[str] | None = None) -> int:
         from splitserve.scheduler_process import main as scheduler_main
 
         scheduler_main(dataclass_from_args(SchedulerServiceConfig, args))
+        return 0
+    if args.command == "shard":
+        from scheduler_svc.config import SchedulerServiceConfig
+        from splitserve.shard_process import main as shard_main
+
+        shard_main(dataclass_from_args(SchedulerServiceConfig, args))
         return 0
     if args.command == "status":
         from splitserve.status import run as run_status

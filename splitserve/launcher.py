@@ -90,6 +90,15 @@ def child_specs(
             )
         )
     follow = ["--etcd", etcd] if etcd else ["--scheduler", f"127.0.0.1:{cfg.worker_port}"]
+    shard_ports = [free_port() for _ in range(args.scheduler_shards)]
+    for i, port in enumerate(shard_ports):
+        own = [("--no-client-api" if a == "--client-api" else a) for a in argv]
+        own = _replace(own, "--port", str(free_port()))
+        own = _replace(own, "--http-port", "0")
+        own = _replace(own, "--worker-port", str(port))
+        leader = ["--etcd", etcd] if etcd else ["--leader", f"127.0.0.1:{cfg.worker_port}"]
+        own = [*own, *leader, "--scheduler-id", f"shard-{i}", *role("scheduler")]
+        specs.append(ChildSpec(f"shard-{i}", [*cli, "shard", *own], kind="shard"))
     for i in range(args.frontends):
         frontend_argv = [
             *cli,
@@ -116,10 +125,14 @@ def child_specs(
         specs.append(ChildSpec(f"frontend-{i}", frontend_argv, kind="frontend"))
     threads = max(1, (os.cpu_count() or 1) // max(1, args.workers))
     for i in range(args.workers):
+        # with step shards, each worker dials its shard (round robin)
+        dial = follow
+        if shard_ports:
+            dial = ["--scheduler", f"127.0.0.1:{shard_ports[i % len(shard_ports)]}"]
         worker_argv = [
             *cli,
             "worker",
-            *follow,
+            *dial,
             *role("worker"),
             "--worker-id",  # a restarted worker keeps it: dashboards and metrics stay readable
             f"worker-{i}",
@@ -134,6 +147,15 @@ def child_specs(
             worker_argv += ["--model", cfg.model]
         specs.append(ChildSpec(f"worker-{i}", worker_argv))
     return specs
+
+
+def default_shards(asked: int, num_workers: int, cores: int | None = None) -> int:
+    """--scheduler-shards: as asked, or (-1) one per 8 workers, at most one per 2 cores beyond
+    the leader's and the front-end's: a shard pays only where a scheduler process is full."""
+    if asked >= 0:
+        return asked
+    cores = cores or os.cpu_count() or 1
+    return max(0, min(num_workers // 8, (cores - 2) // 2))
 
 
 def _replace(argv: list[str], flag: str, value: str) -> list[str]:
@@ -170,8 +192,11 @@ def run_up(args: argparse.Namespace) -> int:
     log.info("credentials", directory=str(credentials), message=CREDENTIALS_NOTE)
     if args.schedulers < 1 or args.frontends < 0 or args.workers < 0:
         raise SystemExit("--schedulers must be 1 or more, --frontends and --workers 0 or more")
-    if args.schedulers > 1 and args.frontends == 0:
-        args.frontends = 1  # clients must not hang on a scheduler process that can die
+    args.scheduler_shards = default_shards(args.scheduler_shards, args.workers)
+    if (args.schedulers > 1 or args.scheduler_shards) and args.frontends == 0:
+        # clients must not hang on a scheduler process that can die; a leader's shards pass
+        # their tokens to front-ends apart
+        args.frontends = 1
     etcd_dir = tempfile.mkdtemp(prefix="splitserve-etcd-")
     specs = child_specs(args, cfg, etcd_dir, credentials)
     # the control plane (etcd, schedulers, front-ends) before the compute: on a machine the

@@ -56,7 +56,7 @@ class ChildSpec:
     name: str
     argv: list[str]
     critical: bool = False  # its death ends the group (a scheduler with no standby)
-    kind: str = ""  # worker | frontend | scheduler | etcd: the order they stop in
+    kind: str = ""  # worker | frontend | shard | scheduler | etcd: the order they stop in
 
     @property
     def role(self) -> str:
@@ -261,7 +261,7 @@ class Supervisor:
         for child in self.children:
             child.restart_at = None
         killed = self._stop_group(self._workers(), signal.SIGTERM, self.cfg.stop_timeout)
-        for kind in ("frontend", "scheduler", "etcd"):
+        for kind in ("frontend", "shard", "scheduler", "etcd"):
             group = [c for c in self.children if c.spec.role == kind]
             killed |= self._stop_group(group, signal.SIGINT, SCHEDULER_STOP_S)
         code = 1 if killed else 0

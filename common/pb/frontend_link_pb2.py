@@ -26,7 +26,7 @@ from common.pb import generation_pb2 as common_dot_pb_dot_generation__pb2
 from common.pb import sampling_pb2 as common_dot_pb_dot_sampling__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63ommon/pb/frontend_link.proto\x12\rsplitserve.v1\x1a\x1a\x63ommon/pb/generation.proto\x1a\x18\x63ommon/pb/sampling.proto\"\xa7\x01\n\x0f\x46rontendMessage\x12-\n\x05hello\x18\x01 \x01(\x0b\x32\x1c.splitserve.v1.FrontendHelloH\x00\x12.\n\x06submit\x18\x02 \x01(\x0b\x32\x1c.splitserve.v1.SubmitRequestH\x00\x12.\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x1c.splitserve.v1.CancelRequestH\x00\x42\x05\n\x03msg\"\xab\x01\n\rFrontendHello\x12\x13\n\x0b\x66rontend_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x14\n\x0chttp_address\x18\x04 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12/\n\tin_flight\x18\x07 \x03(\x0b\x32\x1c.splitserve.v1.SubmitRequest\"\xc5\x02\n\rSubmitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x0e\n\x06tenant\x18\x05 \x01(\t\x12\x17\n\x0f\x64\x65\x61\x64line_left_s\x18\x06 \x01(\x01\x12\x18\n\x10output_token_ids\x18\x07 \x03(\r\x12\x16\n\x0enum_migrations\x18\x08 \x01(\r\x12\r\n\x05\x61ge_s\x18\t \x01(\x01\x12\x14\n\x0c\x65os_token_id\x18\n \x01(\x03\x12\x15\n\rprefill_after\x18\x0b \x01(\t\x12\x15\n\rttft_target_s\x18\x0c \x01(\x01\x12\x15\n\rtpot_target_s\x18\r \x01(\x01\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xb8\x01\n\rLeaderMessage\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x34\n\thello_ack\x18\x02 \x01(\x0b\x32\x1f.splitserve.v1.FrontendHelloAckH\x00\x12+\n\x06tokens\x18\x03 \x01(\x0b\x32\x19.splitserve.v1.TokenBatchH\x00\x12.\n\x06status\x18\x04 \x01(\x0b\x32\x1c.splitserve.v1.ClusterStatusH\x00\x42\x05\n\x03msg\"R\n\x10\x46rontendHelloAck\x12\x14\n\x0cscheduler_id\x18\x01 \x01(\t\x12\x13\n\x0bnum_resumed\x18\x02 \x01(\r\x12\x13\n\x0bnum_adopted\x18\x03 \x01(\r\"\x8a\x02\n\rRequestUpdate\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x32\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1b.splitserve.v1.FinishReason\x12\x13\n\x0bstop_reason\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x12\n\nerror_code\x18\x07 \x01(\t\x12-\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1b.splitserve.v1.TokenLogprob\x12\x11\n\tworker_id\x18\t \x01(\t\x12\x15\n\rretry_after_s\x18\n \x01(\x01\";\n\nTokenBatch\x12-\n\x07updates\x18\x01 \x03(\x0b\x32\x1c.splitserve.v1.RequestUpdate\"\xcf\x01\n\rClusterMember\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\r\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12\r\n\x05state\x18\x07 \x01(\t\x12\x13\n\x0bnum_running\x18\x08 \x01(\r\x12\x10\n\x08kv_usage\x18\t \x01(\x01\x12\x0f\n\x07\x61\x64\x64ress\x18\n \x01(\t\x12\x14\n\x0cnum_requests\x18\x0b \x01(\r\x12\x0f\n\x07kernels\x18\x0c \x01(\t\"\x83\x02\n\rClusterStatus\x12.\n\x0bserver_info\x18\x01 \x01(\x0b\x32\x19.splitserve.v1.ServerInfo\x12-\n\x07members\x18\x02 \x03(\x0b\x32\x1c.splitserve.v1.ClusterMember\x12\x15\n\rnum_failovers\x18\x03 \x01(\x04\x12\x17\n\x0flast_takeover_s\x18\x04 \x01(\x01\x12\x14\n\x0clast_resumed\x18\x05 \x01(\r\x12\x14\n\x0clast_adopted\x18\x06 \x01(\r\x12\x1e\n\x16last_recomputed_tokens\x18\x07 \x01(\x04\x12\x17\n\x0fstream_interval\x18\x08 \x01(\r2\xb1\x01\n\x0c\x46rontendLink\x12K\n\x07\x43onnect\x12\x1e.splitserve.v1.FrontendMessage\x1a\x1c.splitserve.v1.LeaderMessage(\x01\x30\x01\x12T\n\x0bSetPriority\x12!.splitserve.v1.SetPriorityRequest\x1a\".splitserve.v1.SetPriorityResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63ommon/pb/frontend_link.proto\x12\rsplitserve.v1\x1a\x1a\x63ommon/pb/generation.proto\x1a\x18\x63ommon/pb/sampling.proto\"\xd9\x01\n\x0f\x46rontendMessage\x12-\n\x05hello\x18\x01 \x01(\x0b\x32\x1c.splitserve.v1.FrontendHelloH\x00\x12.\n\x06submit\x18\x02 \x01(\x0b\x32\x1c.splitserve.v1.SubmitRequestH\x00\x12.\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x1c.splitserve.v1.CancelRequestH\x00\x12\x30\n\x08resubmit\x18\x04 \x01(\x0b\x32\x1c.splitserve.v1.SubmitRequestH\x00\x42\x05\n\x03msg\"\xab\x01\n\rFrontendHello\x12\x13\n\x0b\x66rontend_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x14\n\x0chttp_address\x18\x04 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12/\n\tin_flight\x18\x07 \x03(\x0b\x32\x1c.splitserve.v1.SubmitRequest\"\xc5\x02\n\rSubmitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x0e\n\x06tenant\x18\x05 \x01(\t\x12\x17\n\x0f\x64\x65\x61\x64line_left_s\x18\x06 \x01(\x01\x12\x18\n\x10output_token_ids\x18\x07 \x03(\r\x12\x16\n\x0enum_migrations\x18\x08 \x01(\r\x12\r\n\x05\x61ge_s\x18\t \x01(\x01\x12\x14\n\x0c\x65os_token_id\x18\n \x01(\x03\x12\x15\n\rprefill_after\x18\x0b \x01(\t\x12\x15\n\rttft_target_s\x18\x0c \x01(\x01\x12\x15\n\rtpot_target_s\x18\r \x01(\x01\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xe3\x01\n\rLeaderMessage\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x34\n\thello_ack\x18\x02 \x01(\x0b\x32\x1f.splitserve.v1.FrontendHelloAckH\x00\x12+\n\x06tokens\x18\x03 \x01(\x0b\x32\x19.splitserve.v1.TokenBatchH\x00\x12.\n\x06status\x18\x04 \x01(\x0b\x32\x1c.splitserve.v1.ClusterStatusH\x00\x12)\n\x07reclaim\x18\x05 \x01(\x0b\x32\x16.splitserve.v1.ReclaimH\x00\x42\x05\n\x03msg\"\x1e\n\x07Reclaim\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"R\n\x10\x46rontendHelloAck\x12\x14\n\x0cscheduler_id\x18\x01 \x01(\t\x12\x13\n\x0bnum_resumed\x18\x02 \x01(\r\x12\x13\n\x0bnum_adopted\x18\x03 \x01(\r\"\x8a\x02\n\rRequestUpdate\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x32\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1b.splitserve.v1.FinishReason\x12\x13\n\x0bstop_reason\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x12\n\nerror_code\x18\x07 \x01(\t\x12-\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1b.splitserve.v1.TokenLogprob\x12\x11\n\tworker_id\x18\t \x01(\t\x12\x15\n\rretry_after_s\x18\n \x01(\x01\";\n\nTokenBatch\x12-\n\x07updates\x18\x01 \x03(\x0b\x32\x1c.splitserve.v1.RequestUpdate\"\xcf\x01\n\rClusterMember\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\r\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12\r\n\x05state\x18\x07 \x01(\t\x12\x13\n\x0bnum_running\x18\x08 \x01(\r\x12\x10\n\x08kv_usage\x18\t \x01(\x01\x12\x0f\n\x07\x61\x64\x64ress\x18\n \x01(\t\x12\x14\n\x0cnum_requests\x18\x0b \x01(\r\x12\x0f\n\x07kernels\x18\x0c \x01(\t\"\x83\x02\n\rClusterStatus\x12.\n\x0bserver_info\x18\x01 \x01(\x0b\x32\x19.splitserve.v1.ServerInfo\x12-\n\x07members\x18\x02 \x03(\x0b\x32\x1c.splitserve.v1.ClusterMember\x12\x15\n\rnum_failovers\x18\x03 \x01(\x04\x12\x17\n\x0flast_takeover_s\x18\x04 \x01(\x01\x12\x14\n\x0clast_resumed\x18\x05 \x01(\r\x12\x14\n\x0clast_adopted\x18\x06 \x01(\r\x12\x1e\n\x16last_recomputed_tokens\x18\x07 \x01(\x04\x12\x17\n\x0fstream_interval\x18\x08 \x01(\r2\xb1\x01\n\x0c\x46rontendLink\x12K\n\x07\x43onnect\x12\x1e.splitserve.v1.FrontendMessage\x1a\x1c.splitserve.v1.LeaderMessage(\x01\x30\x01\x12T\n\x0bSetPriority\x12!.splitserve.v1.SetPriorityRequest\x1a\".splitserve.v1.SetPriorityResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,25 +34,27 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'common.pb.frontend_link_pb2
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FRONTENDMESSAGE']._serialized_start=103
-  _globals['_FRONTENDMESSAGE']._serialized_end=270
-  _globals['_FRONTENDHELLO']._serialized_start=273
-  _globals['_FRONTENDHELLO']._serialized_end=444
-  _globals['_SUBMITREQUEST']._serialized_start=447
-  _globals['_SUBMITREQUEST']._serialized_end=772
-  _globals['_CANCELREQUEST']._serialized_start=774
-  _globals['_CANCELREQUEST']._serialized_end=809
-  _globals['_LEADERMESSAGE']._serialized_start=812
-  _globals['_LEADERMESSAGE']._serialized_end=996
-  _globals['_FRONTENDHELLOACK']._serialized_start=998
-  _globals['_FRONTENDHELLOACK']._serialized_end=1080
-  _globals['_REQUESTUPDATE']._serialized_start=1083
-  _globals['_REQUESTUPDATE']._serialized_end=1349
-  _globals['_TOKENBATCH']._serialized_start=1351
-  _globals['_TOKENBATCH']._serialized_end=1410
-  _globals['_CLUSTERMEMBER']._serialized_start=1413
-  _globals['_CLUSTERMEMBER']._serialized_end=1620
-  _globals['_CLUSTERSTATUS']._serialized_start=1623
-  _globals['_CLUSTERSTATUS']._serialized_end=1882
-  _globals['_FRONTENDLINK']._serialized_start=1885
-  _globals['_FRONTENDLINK']._serialized_end=2062
+  _globals['_FRONTENDMESSAGE']._serialized_end=320
+  _globals['_FRONTENDHELLO']._serialized_start=323
+  _globals['_FRONTENDHELLO']._serialized_end=494
+  _globals['_SUBMITREQUEST']._serialized_start=497
+  _globals['_SUBMITREQUEST']._serialized_end=822
+  _globals['_CANCELREQUEST']._serialized_start=824
+  _globals['_CANCELREQUEST']._serialized_end=859
+  _globals['_LEADERMESSAGE']._serialized_start=862
+  _globals['_LEADERMESSAGE']._serialized_end=1089
+  _globals['_RECLAIM']._serialized_start=1091
+  _globals['_RECLAIM']._serialized_end=1121
+  _globals['_FRONTENDHELLOACK']._serialized_start=1123
+  _globals['_FRONTENDHELLOACK']._serialized_end=1205
+  _globals['_REQUESTUPDATE']._serialized_start=1208
+  _globals['_REQUESTUPDATE']._serialized_end=1474
+  _globals['_TOKENBATCH']._serialized_start=1476
+  _globals['_TOKENBATCH']._serialized_end=1535
+  _globals['_CLUSTERMEMBER']._serialized_start=1538
+  _globals['_CLUSTERMEMBER']._serialized_end=1745
+  _globals['_CLUSTERSTATUS']._serialized_start=1748
+  _globals['_CLUSTERSTATUS']._serialized_end=2007
+  _globals['_FRONTENDLINK']._serialized_start=2010
+  _globals['_FRONTENDLINK']._serialized_end=2187
 # @@protoc_insertion_point(module_scope)

@@ -9,14 +9,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class FrontendMessage(_message.Message):
-    __slots__ = ("hello", "submit", "cancel")
+    __slots__ = ("hello", "submit", "cancel", "resubmit")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     SUBMIT_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
+    RESUBMIT_FIELD_NUMBER: _ClassVar[int]
     hello: FrontendHello
     submit: SubmitRequest
     cancel: CancelRequest
-    def __init__(self, hello: _Optional[_Union[FrontendHello, _Mapping]] = ..., submit: _Optional[_Union[SubmitRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelRequest, _Mapping]] = ...) -> None: ...
+    resubmit: SubmitRequest
+    def __init__(self, hello: _Optional[_Union[FrontendHello, _Mapping]] = ..., submit: _Optional[_Union[SubmitRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelRequest, _Mapping]] = ..., resubmit: _Optional[_Union[SubmitRequest, _Mapping]] = ...) -> None: ...
 
 class FrontendHello(_message.Message):
     __slots__ = ("frontend_id", "host", "pid", "http_address", "grpc_address", "epoch", "in_flight")
@@ -73,16 +75,24 @@ class CancelRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class LeaderMessage(_message.Message):
-    __slots__ = ("epoch", "hello_ack", "tokens", "status")
+    __slots__ = ("epoch", "hello_ack", "tokens", "status", "reclaim")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HELLO_ACK_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    RECLAIM_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     hello_ack: FrontendHelloAck
     tokens: TokenBatch
     status: ClusterStatus
-    def __init__(self, epoch: _Optional[int] = ..., hello_ack: _Optional[_Union[FrontendHelloAck, _Mapping]] = ..., tokens: _Optional[_Union[TokenBatch, _Mapping]] = ..., status: _Optional[_Union[ClusterStatus, _Mapping]] = ...) -> None: ...
+    reclaim: Reclaim
+    def __init__(self, epoch: _Optional[int] = ..., hello_ack: _Optional[_Union[FrontendHelloAck, _Mapping]] = ..., tokens: _Optional[_Union[TokenBatch, _Mapping]] = ..., status: _Optional[_Union[ClusterStatus, _Mapping]] = ..., reclaim: _Optional[_Union[Reclaim, _Mapping]] = ...) -> None: ...
+
+class Reclaim(_message.Message):
+    __slots__ = ("request_ids",)
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FrontendHelloAck(_message.Message):
     __slots__ = ("scheduler_id", "num_resumed", "num_adopted")

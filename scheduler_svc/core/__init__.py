@@ -5,9 +5,19 @@ from common.messages import CachedRequestData, NewRequestData, SamplingParams, S
 
 # importing policies registers the built-ins beyond fcfs and priority (sjf, aging, fair, deadline)
 from scheduler_svc.core import policies  # noqa: F401
-from scheduler_svc.core.block_pool import BlockPool, FreeBlockQueue, KVCacheBlock, hash_block_tokens
+from scheduler_svc.core.block_pool import (
+    BlockPool,
+    CacheJournal,
+    FreeBlockQueue,
+    KVCacheBlock,
+    hash_block_tokens,
+)
 from scheduler_svc.core.errors import RequestRejected, SchedulerConfigError
-from scheduler_svc.core.kv_cache_manager import KVCacheManager, count_prefix_blocks
+from scheduler_svc.core.kv_cache_manager import (
+    KVCacheManager,
+    count_prefix_blocks,
+    request_block_hashes,
+)
 from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.policy import (
     FCFSPolicy,
@@ -32,6 +42,8 @@ from scheduler_svc.core.validation import validate_request, validate_sampling_pa
 
 __all__ = [
     "BlockPool",
+    "CacheJournal",
+    "request_block_hashes",
     "CachedRequestData",
     "FCFSPolicy",
     "FIFORequestQueue",

@@ -102,6 +102,40 @@ class FreeBlockQueue:
         return self.num_free
 
 
+class CacheJournal:
+    """The prefix cache's changes since the last take(): what a step shard reports to the leader,
+    which keeps a copy of each worker's cached hashes for placement. The last change of a hash
+    wins, so the copy ends up exact whatever happened in between."""
+
+    __slots__ = ("added", "removed", "reset")
+
+    def __init__(self, cached: Iterable[BlockHash] = ()) -> None:
+        self.added: set[BlockHash] = set(cached)
+        self.removed: set[BlockHash] = set()
+        self.reset = True  # the first report is the whole cache
+
+    def add(self, block_hash: BlockHash) -> None:
+        self.removed.discard(block_hash)
+        self.added.add(block_hash)
+
+    def evict(self, block_hash: BlockHash) -> None:
+        self.added.discard(block_hash)
+        self.removed.add(block_hash)
+
+    def clear(self) -> None:
+        self.added.clear()
+        self.removed.clear()
+        self.reset = True
+
+    def take(self) -> tuple[list[BlockHash], list[BlockHash], bool]:
+        """(added, removed, reset) since the last take; empties the journal."""
+        taken = (list(self.added), list(self.removed), self.reset)
+        self.added.clear()
+        self.removed.clear()
+        self.reset = False
+        return taken
+
+
 class BlockPool:
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
         self.num_blocks = num_blocks
@@ -109,6 +143,7 @@ class BlockPool:
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[BlockHash, KVCacheBlock] = {}
+        self.journal: CacheJournal | None = None  # kept on a step shard only
 
     @property
     def num_free_blocks(self) -> int:
@@ -137,6 +172,8 @@ class BlockPool:
             if h is not None:
                 if cached.get(h) is block:
                     del cached[h]
+                    if self.journal is not None:
+                        self.journal.evict(h)
                 block.block_hash = None
             block.ref_cnt = 1
             out.append(block)
@@ -163,6 +200,8 @@ class BlockPool:
                 if h is not None:
                     if cached.get(h) is block:
                         del cached[h]
+                        if self.journal is not None:
+                            self.journal.evict(h)
                     block.block_hash = None
             block.ref_cnt += 1
 
@@ -192,6 +231,8 @@ class BlockPool:
             return False
         block.block_hash = block_hash
         self.cached[block_hash] = block
+        if self.journal is not None:
+            self.journal.add(block_hash)
         return True
 
     def reset_prefix_cache(self) -> bool:
@@ -201,6 +242,8 @@ class BlockPool:
         for block in self.cached.values():
             block.block_hash = None
         self.cached.clear()
+        if self.journal is not None:
+            self.journal.clear()
         return True
 
     def check_invariants(self) -> None:

@@ -62,28 +62,7 @@ class KVCacheManager:
 
     # -- prefix cache -----------------------------------------------------------------------
     def block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
-        """The chained hashes of the request's first ``num_blocks`` full blocks (memoised on
-        the request; tokens at known positions never change)."""
-        bs = self.block_size
-        hashes = request.block_hashes
-        if request.block_hashes_block_size != bs:
-            hashes.clear()
-            request.block_hashes_block_size = bs
-        if len(hashes) < num_blocks:
-            prompt, output = request.prompt_token_ids, request.output_token_ids
-            num_prompt = len(prompt)
-            parent = hashes[-1] if hashes else None
-            for i in range(len(hashes), num_blocks):
-                start, end = i * bs, (i + 1) * bs
-                if end <= num_prompt:
-                    tokens = prompt[start:end]
-                elif start >= num_prompt:
-                    tokens = output[start - num_prompt : end - num_prompt]
-                else:
-                    tokens = prompt[start:] + output[: end - num_prompt]
-                parent = hash_block_tokens(parent, tokens)
-                hashes.append(parent)
-        return hashes
+        return request_block_hashes(request, self.block_size, num_blocks)
 
     def find_cached_prefix(self, request: Request) -> list[KVCacheBlock]:
         """Cached blocks holding the request's longest prefix of full blocks, at most
@@ -321,3 +300,28 @@ def count_prefix_blocks(
             break
         count += 1
     return count
+
+
+def request_block_hashes(request: Request, block_size: int, num_blocks: int) -> list[BlockHash]:
+    """The chained hashes of the request's first ``num_blocks`` full blocks (memoised on
+    the request; tokens at known positions never change)."""
+    bs = block_size
+    hashes = request.block_hashes
+    if request.block_hashes_block_size != bs:
+        hashes.clear()
+        request.block_hashes_block_size = bs
+    if len(hashes) < num_blocks:
+        prompt, output = request.prompt_token_ids, request.output_token_ids
+        num_prompt = len(prompt)
+        parent = hashes[-1] if hashes else None
+        for i in range(len(hashes), num_blocks):
+            start, end = i * bs, (i + 1) * bs
+            if end <= num_prompt:
+                tokens = prompt[start:end]
+            elif start >= num_prompt:
+                tokens = output[start - num_prompt : end - num_prompt]
+            else:
+                tokens = prompt[start:] + output[: end - num_prompt]
+            parent = hash_block_tokens(parent, tokens)
+            hashes.append(parent)
+    return hashes

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from common.convert import TokenLogprobs, sampling_from_proto
+from common.convert import TokenLogprobs, sampling_from_proto, sampling_to_proto
 from common.messages import SamplingParams
 from common.outcomes import FinishReason
 from common.pb import frontend_link_pb2 as pb
@@ -185,4 +185,25 @@ def from_submit(
         prefill_after=msg.prefill_after or None,
         ttft_target_s=msg.ttft_target_s if msg.ttft_target_s > 0 else None,
         tpot_target_s=msg.tpot_target_s if msg.tpot_target_s > 0 else None,
+    )
+
+
+def to_submit(state: InFlightRequest, now: float | None = None) -> pb.SubmitRequest:
+    """from_submit's inverse: the request as a step shard gets it (or gives it back, with the
+    output its client has)."""
+    now = time.monotonic() if now is None else now
+    return pb.SubmitRequest(
+        request_id=state.request_id,
+        prompt_token_ids=state.prompt_token_ids,
+        sampling=sampling_to_proto(state.params),
+        priority=state.priority,
+        tenant=state.tenant or "",
+        deadline_left_s=0.0 if state.deadline is None else max(1e-3, state.deadline - now),
+        output_token_ids=state.output_token_ids,
+        num_migrations=state.num_migrations,
+        age_s=max(0.0, now - state.arrival_time),
+        eos_token_id=-1 if state.eos_token_id is None else state.eos_token_id,
+        prefill_after=state.prefill_after or "",
+        ttft_target_s=state.ttft_target_s or 0.0,
+        tpot_target_s=state.tpot_target_s or 0.0,
     )

@@ -7,10 +7,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scheduler_svc.core import Request, count_prefix_blocks
+from scheduler_svc.core import Request
 
 if TYPE_CHECKING:
     from scheduler_svc.engine.worker_session import WorkerSession
+    from scheduler_svc.shards.remote_worker import RemoteWorker
 
 
 @dataclass(slots=True)
@@ -22,18 +23,21 @@ class PlacementConfig:
 
 @dataclass(slots=True)
 class Placement:
-    session: WorkerSession
+    session: WorkerSession | RemoteWorker
     reason: str  # prefix | least_loaded | only_worker
     prefix_tokens: int
     load: int
 
 
-def prefix_tokens(session: WorkerSession, request: Request) -> int:
-    kv = session.scheduler.kv
-    return count_prefix_blocks(kv, request, session.inflight_hashes) * kv.block_size
+def prefix_tokens(session: WorkerSession | RemoteWorker, request: Request) -> int:
+    """A local worker's cache is read in its core; a step shard's worker's from the copy its
+    shard keeps up to date (the same hashes either way)."""
+    return session.cached_prefix_blocks(request) * session.block_size
 
 
-def choose(request: Request, eligible: list[WorkerSession], cfg: PlacementConfig) -> Placement:
+def choose(
+    request: Request, eligible: list[WorkerSession | RemoteWorker], cfg: PlacementConfig
+) -> Placement:
     least = min(eligible, key=lambda s: s.load)
     if len(eligible) == 1:
         return Placement(least, "only_worker", prefix_tokens(least, request), least.load)
@@ -50,7 +54,7 @@ def choose(request: Request, eligible: list[WorkerSession], cfg: PlacementConfig
     return Placement(least, "least_loaded", prefix_tokens(least, request), least.load)
 
 
-def add_inflight(session: WorkerSession, hashes: list[bytes]) -> None:
+def add_inflight(session: WorkerSession | RemoteWorker, hashes: list[bytes]) -> None:
     session.inflight_hashes.update(hashes)
 
 

@@ -48,6 +48,7 @@ from scheduler_svc.engine.worker_session import (
 )
 from scheduler_svc.ha import cluster_view
 from scheduler_svc.obs.engine_observer import EngineObserver
+from scheduler_svc.shards.remote_worker import RemoteWorker
 
 log = get_logger("splitserve.engine")
 
@@ -63,6 +64,12 @@ class ServingEngine:
         self.waiting = create_request_queue(self.policy)  # global, core Requests
         self.requests: dict[str, InFlightRequest] = {}
         self.sessions: dict[str, WorkerSession] = {}
+        # workers of step shards (scheduler_svc/shards/): placed on exactly as local ones,
+        # stepped by their shard's process
+        self.remote_workers: dict[str, RemoteWorker] = {}
+        # on a step shard: where a request goes that lost its worker (back to the leader's
+        # queue) instead of this engine's own queue
+        self.requeue_to: Callable[[InFlightRequest, str], None] | None = None
         self.num_finished = 0
         self.worker_attached = asyncio.Event()
         self.observer = EngineObserver()
@@ -114,9 +121,10 @@ class ServingEngine:
             state.tpot_target_s = self.tenant_tpot.get(tenant)
         request = state.to_core_request()
         live = self._live_sessions()
-        if live:  # refuse now what even the largest worker could never run
-            largest = max(live, key=lambda s: s.registration.num_device_blocks)
-            validate_request(request, largest.scheduler.config)
+        configs = [s.scheduler.config for s in live]
+        configs += [r.config for r in self.remote_workers.values() if not r.lost]
+        if configs:  # refuse now what even the largest worker could never run
+            validate_request(request, max(configs, key=lambda c: c.num_blocks))
         self.slo.check(request, [self.waiting], [s.scheduler for s in live])
         self.requests[state.request_id] = state
         state.core = request
@@ -180,7 +188,9 @@ class ServingEngine:
 
     # ---- --worker-wait-timeout: runs exactly while no worker takes requests -----------------
     def _accepting(self) -> bool:
-        return any(s.accepting for s in self.sessions.values())
+        return any(s.accepting for s in self.sessions.values()) or any(
+            r.accepting for r in self.remote_workers.values()
+        )
 
     def _await_worker(self, state: InFlightRequest) -> None:
         """A request just queued: with no worker to take it, it fails after the timeout."""
@@ -227,47 +237,59 @@ class ServingEngine:
             return
         depth = self.config.worker_queue_depth
         while self.waiting:
-            eligible = [  # each within its own rows (the smaller of ours and the worker's)
+            eligible: list[WorkerSession | RemoteWorker] = [
+                # each within its own rows (the smaller of ours and the worker's)
                 s
-                for s in self.sessions.values()
-                if s.accepting
-                and len(s.scheduler.waiting) < depth
-                and s.load < s.scheduler.config.max_num_seqs + depth
+                for s in (*self.sessions.values(), *self.remote_workers.values())
+                if s.accepting and s.num_local_waiting < depth and s.load < s.max_num_seqs + depth
             ]
             if not eligible:
                 return
             request = self.waiting.pop()
             state = self.requests[request.request_id]
             choice = placement.choose(request, eligible, self.placement)
-            session = choice.session
-            try:
-                session.scheduler.add_request(request)
-            except RequestRejected as exc:
-                state.fail(str(exc), code="INVALID_ARGUMENT")
-                self._end(state)
-                continue
-            self._cancel_wait_timer(state)
-            state.worker_id = session.worker_id
-            session.request_ids.add(state.request_id)
-            kv = session.scheduler.kv
-            state.inflight_hashes = list(
-                kv.block_hashes(request, (request.num_tokens - 1) // kv.block_size)
-            )
-            placement.add_inflight(session, state.inflight_hashes)
-            session.wakeup.set()
-            log.info(
-                "request_placed",
-                request_id=state.request_id,
-                worker_id=session.worker_id,
-                reason=choice.reason,
-                prefix_tokens=choice.prefix_tokens,
-                load=choice.load,
-                migrations=state.num_migrations,
-            )
+            self._assign(state, request, choice)
 
-    def _leave_session(self, state: InFlightRequest) -> WorkerSession | None:
+    def place(self, state: InFlightRequest, worker_id: str) -> bool:
+        """On a step shard: run a request the leader placed on this worker. False when the
+        worker is gone or leaving (the leader puts it back in its queue)."""
+        session = self.sessions.get(worker_id)
+        if session is None or not session.accepting or state.request_id in self.requests:
+            return False
+        request = state.to_core_request()
+        state.core = request
+        self.requests[state.request_id] = state
+        self._assign(state, request, placement.Placement(session, "leader", 0, session.load))
+        return True
+
+    def _assign(
+        self, state: InFlightRequest, request: Request, choice: placement.Placement
+    ) -> None:
+        session = choice.session
+        try:
+            state.inflight_hashes = session.take(state, request)
+        except RequestRejected as exc:
+            state.fail(str(exc), code="INVALID_ARGUMENT")
+            self._end(state)
+            return
+        self._cancel_wait_timer(state)
+        state.worker_id = session.worker_id
+        session.request_ids.add(state.request_id)
+        placement.add_inflight(session, state.inflight_hashes)
+        log.info(
+            "request_placed",
+            request_id=state.request_id,
+            worker_id=session.worker_id,
+            reason=choice.reason,
+            prefix_tokens=choice.prefix_tokens,
+            load=choice.load,
+            migrations=state.num_migrations,
+        )
+
+    def _leave_session(self, state: InFlightRequest) -> WorkerSession | RemoteWorker | None:
         """Detach the request from its worker's bookkeeping (not from the core scheduler)."""
-        session = self.sessions.get(state.worker_id or "")
+        wid = state.worker_id or ""
+        session = self.sessions.get(wid) or self.remote_workers.get(wid)
         state.worker_id = None
         if session is not None:
             session.request_ids.discard(state.request_id)
@@ -341,13 +363,17 @@ class ServingEngine:
             parked.remove(state)
         session = self._leave_session(state)
         if session is not None:
-            session.scheduler.abort_request(state.request_id)
-            session.wakeup.set()
+            session.cancel(state.request_id)
         self._dispatch()
 
     def _requeue(self, state: InFlightRequest, reason: str) -> None:
         """Back to the head of the global queue with the tokens it has (a lost or leaving
         worker); fails it once it has moved more than max_migrations times."""
+        if self.requeue_to is not None:  # a step shard's: the leader's queue is the global one
+            self.requests.pop(state.request_id, None)
+            self._cancel_wait_timer(state)
+            self.requeue_to(state, reason)
+            return
         state.num_migrations += 1
         if state.num_migrations > self.config.max_migrations:
             state.fail(

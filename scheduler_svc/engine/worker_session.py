@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from common.convert import TokenLogprobs
-from scheduler_svc.core import Scheduler, SchedulerOutput
+from scheduler_svc.core import Request, Scheduler, SchedulerOutput, count_prefix_blocks
+from scheduler_svc.core.block_pool import BlockHash
 from scheduler_svc.core.preemption_cost import WorkerCosts
 
 
@@ -117,6 +118,35 @@ class WorkerSession:
     def accepting(self) -> bool:
         """Whether the engine may hand it new requests."""
         return not self.lost and not self.draining
+
+    @property
+    def block_size(self) -> int:
+        return self.scheduler.kv.block_size
+
+    @property
+    def num_local_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.scheduler.config.max_num_seqs
+
+    def cached_prefix_blocks(self, request: Request) -> int:
+        """Leading full blocks of the request cached here or on their way here."""
+        return count_prefix_blocks(self.scheduler.kv, request, self.inflight_hashes)
+
+    def take(self, state: object, request: Request) -> list[BlockHash]:
+        """Queue a placed request on this worker's core; returns the block hashes of its
+        prefix, on their way here. Raises RequestRejected."""
+        self.scheduler.add_request(request)
+        kv = self.scheduler.kv
+        hashes = list(kv.block_hashes(request, (request.num_tokens - 1) // kv.block_size))
+        self.wakeup.set()
+        return hashes
+
+    def cancel(self, request_id: str) -> None:
+        self.scheduler.abort_request(request_id)
+        self.wakeup.set()
 
     @property
     def state(self) -> str:

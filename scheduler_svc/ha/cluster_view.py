@@ -19,6 +19,7 @@ class EngineView(Protocol):
     model_name: str
     requests: dict[str, Any]
     frontends: dict[str, Any]
+    remote_workers: dict[str, Any]  # on step shards
     num_finished: int
     pacer: Any
 
@@ -79,6 +80,19 @@ def server_info(engine: EngineView, max_model_len: int) -> gen_pb.ServerInfo:
         info.num_running += stats.num_running
         info.num_waiting += stats.num_waiting
         info.num_preemptions += stats.num_preemptions
+    for remote in engine.remote_workers.values():  # on step shards: as their last report
+        info.block_size = remote.block_size
+        info.workers.add(
+            worker_id=remote.worker_id,
+            address=f"shard {remote.shard_id}",
+            num_blocks=remote.config.num_blocks,
+            num_running=remote.num_running,
+            num_waiting=remote.num_local_waiting,
+            kv_usage=remote.kv_usage,
+            state="draining" if remote.draining else "active",
+        )
+        info.num_running += remote.num_running
+        info.num_waiting += remote.num_local_waiting
     return info
 
 
@@ -138,5 +152,14 @@ def cluster_status(
             kv_usage=stats.kv_usage,
             address=reg.address,
             kernels=reg.kernels,
+        )
+    for remote in engine.remote_workers.values():
+        add(
+            kind="worker",
+            id=remote.worker_id,
+            state="draining" if remote.draining else "active",
+            num_running=remote.num_running,
+            kv_usage=remote.kv_usage,
+            address=f"shard {remote.shard_id}",
         )
     return status

@@ -24,6 +24,7 @@ from scheduler_svc.engine.in_flight import InFlightRequest, from_submit
 from scheduler_svc.engine.priority_change import set_priority
 from scheduler_svc.engine.serving_engine import ServingEngine
 from scheduler_svc.ha.cluster_view import SchedulerRole, cluster_status
+from scheduler_svc.shards.shard_router import ShardRouter
 
 log = get_logger("splitserve.frontend_link")
 HELLO_TIMEOUT_S = 30.0
@@ -65,24 +66,32 @@ class FrontendSession:
         if self._batch is None:
             self._batch = pb.TokenBatch()
             asyncio.get_running_loop().call_soon(self._flush)
-        update = self._batch.updates.add(
-            request_id=request_id,
-            start=start,
-            token_ids=token_ids,
-            finish_reason=FINISH_TO_PB[finish_reason],
-            stop_reason=stop_reason,
-            error=error,
-            error_code=error_code,
-            worker_id=worker_id,
-            retry_after_s=retry_after_s,
+        add_update_to(
+            self._batch,
+            request_id,
+            start,
+            token_ids,
+            finish_reason,
+            stop_reason,
+            logprobs,
+            error,
+            error_code,
+            worker_id,
+            retry_after_s,
         )
-        for lp in logprobs or ():
-            entry = update.logprobs.add(token_id=lp.token_id, logprob=lp.logprob)
-            for tok, value in lp.top:
-                entry.top.add(token_id=tok, logprob=value)
         if finish_reason is not None:
             self.request_ids.discard(request_id)
         return False
+
+    def relay(self, token_batch: bytes) -> None:
+        """A step shard's updates for this front-end, serialized there: passed on unread, after
+        whatever this process queued before them."""
+        if self.closed:
+            return
+        self._flush()
+        message = pb.LeaderMessage(epoch=self._epoch())
+        message.tokens.MergeFromString(token_batch)
+        self.outbox.put_nowait(message)
 
     def _flush(self) -> None:
         batch, self._batch = self._batch, None
@@ -99,6 +108,37 @@ class FrontendSession:
         self.outbox.put_nowait(None)
 
 
+def add_update_to(
+    batch: pb.TokenBatch,
+    request_id: str,
+    start: int,
+    token_ids: list[int],
+    finish_reason: FinishReason | None = None,
+    stop_reason: str = "",
+    logprobs: list[TokenLogprobs] | None = None,
+    error: str = "",
+    error_code: str = "",
+    worker_id: str = "",
+    retry_after_s: float = 0.0,
+) -> None:
+    """One request's news as a RequestUpdate of `batch` (here, and on a step shard)."""
+    update = batch.updates.add(
+        request_id=request_id,
+        start=start,
+        token_ids=token_ids,
+        finish_reason=FINISH_TO_PB[finish_reason],
+        stop_reason=stop_reason,
+        error=error,
+        error_code=error_code,
+        worker_id=worker_id,
+        retry_after_s=retry_after_s,
+    )
+    for lp in logprobs or ():
+        entry = update.logprobs.add(token_id=lp.token_id, logprob=lp.logprob)
+        for tok, value in lp.top:
+            entry.top.add(token_id=tok, logprob=value)
+
+
 class FrontendLinkService(pb_grpc.FrontendLinkServicer):
     def __init__(
         self,
@@ -106,8 +146,10 @@ class FrontendLinkService(pb_grpc.FrontendLinkServicer):
         role: SchedulerRole,
         max_model_len: int,
         is_leader: Callable[[], bool] = lambda: True,
+        shards: ShardRouter | None = None,
     ) -> None:
         self.engine = engine
+        self.shards = shards  # answers to its Reclaims go there
         self.role = role
         self.max_model_len = max_model_len
         self.is_leader = is_leader
@@ -227,6 +269,9 @@ class FrontendLinkService(pb_grpc.FrontendLinkServicer):
                     if request_id in session.request_ids:  # another front-end's: not this one's
                         session.request_ids.discard(request_id)
                         engine.drop(request_id)
+                elif kind == "resubmit" and self.shards is not None:
+                    if msg.resubmit.request_id in session.request_ids:
+                        self.shards.reclaimed(msg.resubmit)
         except Exception as exc:  # noqa: BLE001 - any stream failure means the front-end is gone
             log.info("frontend_stream_error", frontend_id=session.frontend_id, error=str(exc))
         session.close()

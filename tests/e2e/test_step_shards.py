@@ -1,0 +1,168 @@
+"""Step shards as real processes: a leader with the global queue, shards that run the step
+loops of the workers dialing them, a front-end apart (docs/architecture.md, "Step shards").
+
+Workers run the simulated model, whose greedy tokens are known exactly (sim_next_token): every
+stream is compared token by token with what one undisturbed worker gives.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from common.client import SplitserveClient
+from tests.e2e.procs import Cluster, Proc, free_port, wait_for_port
+from tests.e2e.test_many_workers import SCHED, SIM, VOCAB, Streams, prompts, wait_workers
+
+pytestmark = [pytest.mark.e2e]
+
+
+@dataclass
+class ShardedCluster:
+    """A leader (no client API), N shards with one simulated worker each, one front-end."""
+
+    base: Cluster
+    shards: list[Proc] = field(default_factory=list)
+    shard_ports: list[int] = field(default_factory=list)
+    frontend_port: int = field(default_factory=free_port)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.frontend_port}"
+
+    def start(self, num_shards: int, *sched: str) -> None:
+        c = self.base
+        c.scheduler = c._spawn(
+            "leader",
+            [
+                "scheduler",
+                "--no-client-api",
+                "--host",
+                "127.0.0.1",
+                "--http-port",
+                "0",
+                "--worker-port",
+                str(c.worker_port),
+                *SCHED,
+                *sched,
+            ],
+        )
+        wait_for_port(c.worker_port, c.scheduler)
+        for i in range(num_shards):
+            port = free_port()
+            self.shard_ports.append(port)
+            shard = c._spawn(
+                f"shard-{i}",
+                [
+                    "shard",
+                    "--host",
+                    "127.0.0.1",
+                    "--worker-port",
+                    str(port),
+                    "--leader",
+                    f"127.0.0.1:{c.worker_port}",
+                    "--scheduler-id",
+                    f"shard-{i}",
+                    *SCHED,
+                    *sched,
+                ],
+            )
+            self.shards.append(shard)
+            wait_for_port(port, shard)
+            c._spawn(
+                f"w{i}",
+                ["worker", "--scheduler", f"127.0.0.1:{port}", "--worker-id", f"w{i}", *SIM],
+            )
+        frontend = c._spawn(
+            "frontend",
+            [
+                "frontend",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.frontend_port),
+                "--http-port",
+                "0",
+                "--scheduler",
+                f"127.0.0.1:{c.worker_port}",
+                "--frontend-id",
+                "fe0",
+            ],
+        )
+        wait_for_port(self.frontend_port, frontend)
+
+    def leader_events(self, event: str) -> list[dict]:
+        assert self.base.scheduler is not None
+        return _events(self.base.scheduler.log_path, event)
+
+
+def _events(path: Path, event: str) -> list[dict]:
+    found = []
+    for line in path.read_text(errors="replace").splitlines():
+        if f'"{event}"' in line and line.startswith("{"):
+            found.append(json.loads(line))
+    return found
+
+
+@pytest.fixture
+def sharded(tmp_path):
+    cluster = ShardedCluster(Cluster(tmp_path))
+    yield cluster
+    cluster.base.stop_all()
+
+
+def test_streams_over_two_shards_are_exact(sharded):
+    sharded.start(2)
+    with SplitserveClient(sharded.target, timeout=120) as client:
+        wait_workers(client, 2)
+        runs = Streams(client, prompts(24, seed=11), 40).start()
+        runs.join()
+        runs.check()
+        served = set().union(*runs.workers.values())
+        assert served == {"w0", "w1"}, served  # both shards' workers ran requests
+        info = client.server_info()
+        assert {w.address for w in info.workers} == {"shard shard-0", "shard shard-1"}
+    placed = sharded.leader_events("request_placed")
+    assert len(placed) == 24
+    assert {p["worker_id"] for p in placed} == {"w0", "w1"}
+
+
+def test_placement_follows_the_prefix_across_shards(sharded):
+    sharded.start(2)
+    rng = random.Random(7)
+    families = {name: [rng.randrange(3, VOCAB) for _ in range(96)] for name in ("A", "B")}
+    with SplitserveClient(sharded.target, timeout=120) as client:
+        wait_workers(client, 2)
+        served: dict[str, set[str]] = {"A": set(), "B": set()}
+        for _ in range(4):
+            for name, prefix in families.items():
+                suffix = [rng.randrange(3, VOCAB) for _ in range(8)]
+                result = client.generate(
+                    token_ids=prefix + suffix, max_tokens=4, temperature=0.0, ignore_eos=True
+                )
+                served[name].update(result.worker_ids)
+        # each family stays where its prefix is cached, as its shard reported it
+        assert len(served["A"]) == 1 and len(served["B"]) == 1, served
+    reasons = [p["reason"] for p in sharded.leader_events("request_placed")]
+    assert reasons.count("prefix") >= 6, reasons
+
+
+def test_a_shard_killed_under_load_loses_no_token(sharded):
+    sharded.start(2)
+    with SplitserveClient(sharded.target, timeout=120) as client:
+        wait_workers(client, 2)
+        runs = Streams(client, prompts(32, seed=12), 60).start()
+        runs.wait_progress(0.3)
+        sharded.shards[0].signal(signal.SIGKILL)
+        runs.join()
+        runs.check()  # every stream equal to the undisturbed run, finished by length
+    lost = sharded.leader_events("shard_lost")
+    assert lost and lost[0]["shard_id"] == "shard-0" and lost[0]["reclaimed"] > 0, lost
+    # the reclaimed requests went on on the other shard's worker
+    after = [p for p in sharded.leader_events("request_placed") if p["migrations"] > 0]
+    assert after and {p["worker_id"] for p in after} == {"w1"}, after
