@@ -143,11 +143,19 @@ class Coordinator:
             async with contextlib.aclosing(self.watch_leader()) as leaders:
                 async for leader in leaders:
                     if leader is None:
+                        log.info("leader_vacant", member_id=member_id)
                         break
 
     async def leader(self) -> LeaderInfo | None:
         kv, _ = await self._read_leader()
         return _leader_info(kv)
+
+    async def lease_left(self, lease_id: int) -> tuple[int, int]:
+        """(seconds left, seconds granted) of a lease, as etcd says them: whole seconds, the
+        left truncated, so 0 when under a second is left, and also once it has expired until
+        etcd's next sweep revokes it; -1 left once it is gone."""
+        reply = await self.client.get_lease_info(lease_id, keys=False)
+        return reply.TTL, reply.grantedTTL
 
     async def depose(self, leader: LeaderInfo) -> None:
         """Revokes that leader's lease, which deletes its key: for a member that knows the

@@ -1,12 +1,23 @@
-"""A standby's eye on the leader's process, so that a leader that died need not be waited out.
+"""A standby's eye on the leader, so that a leader that died or froze is not waited out
+longer than its lease.
 
-The lease alone would notice a dead leader only when its TTL runs out (etcd checks expiry about
-twice a second on top of that). A standby holds a plain TCP connection to the leader's
-internal port instead: when the leader's process dies, its kernel closes that connection at
-once. If a new connection to the same address is then refused, nothing listens there any more,
-and the standby revokes the leader's lease (Coordinator.depose), which deletes the leader key and
-lets the election go on. A frozen leader (SIGSTOP) keeps its sockets open, and an unreachable
-host refuses nothing: both still wait for the lease, which is what fencing is built for.
+The lease alone would notice a dead leader only when its TTL runs out, and etcd deletes an
+expired lease's keys only on its next expiry sweep (about twice a second) after that. Two
+watches run while another scheduler leads:
+
+- its process: a plain TCP connection to the leader's internal port. When the leader's process
+  dies, its kernel closes that connection at once; if a new connection to the same address is
+  then refused, nothing listens there any more. A frozen leader (SIGSTOP) keeps its sockets
+  open, and an unreachable host refuses nothing: both are left to the lease.
+- its lease: read from etcd every LEASE_POLL_S. etcd reports whole seconds left, truncated, so
+  the first 0 means under a second was left when it answered: unless the leader renews it, the
+  lease has expired a second after that answer, and etcd refuses to renew an expired lease. A
+  0 read again from then on proves it expired (a renewal would restore more than a second of a
+  lease granted two or more), without waiting for etcd's sweep.
+
+Either way the standby revokes the leader's lease (Coordinator.depose), which deletes the leader
+key and lets the election go on. Fencing makes this safe even if the standby were wrong: a live
+leader whose lease is revoked stops acting, as on any lease loss.
 """
 
 from __future__ import annotations
@@ -26,22 +37,28 @@ MIN_CONNECTION_S = 0.5
 FIRST_RETRY_S = 0.02
 # a connection attempt ending with one of these proves no process listens at the address
 _GONE = (errno.ECONNREFUSED, errno.EHOSTUNREACH)
+# how often a standby reads the leader's lease: how late after its expiry it may be deposed
+LEASE_POLL_S = 0.1
+# the wait from etcd's first "0 s left" to the read that proves expiry is a second by etcd's
+# clock: this much more covers our timer firing a hair early
+_CLOCK_SLACK_S = 0.01
 
 
 async def depose_dead_leaders(coord: Coordinator, own_id: str) -> None:
     """Runs while this scheduler is a standby: watches every leader in turn."""
-    watching: asyncio.Task[None] | None = None
+    watching: list[asyncio.Task[None]] = []
     try:
         async with contextlib.aclosing(coord.watch_leader()) as leaders:
             async for leader in leaders:
-                if watching is not None:
-                    await cancel_and_wait([watching])
-                    watching = None
+                await cancel_and_wait(watching)
+                watching = []
                 if leader is not None and leader.member_id != own_id:
-                    watching = asyncio.create_task(_depose_when_gone(coord, leader))
+                    watching = [
+                        asyncio.create_task(_depose_when_gone(coord, leader)),
+                        asyncio.create_task(_depose_when_expired(coord, leader)),
+                    ]
     finally:
-        if watching is not None:
-            await cancel_and_wait([watching])
+        await cancel_and_wait(watching)
 
 
 async def _depose_when_gone(coord: Coordinator, leader: LeaderInfo) -> None:
@@ -83,6 +100,37 @@ async def _depose_when_gone(coord: Coordinator, leader: LeaderInfo) -> None:
     log.warning(
         "leader_process_gone", member_id=leader.member_id, epoch=leader.epoch, address=address
     )
+    await _depose(coord, leader)
+
+
+async def _depose_when_expired(coord: Coordinator, leader: LeaderInfo) -> None:
+    if not leader.lease_id:
+        return
+    loop = asyncio.get_running_loop()
+    confirming = False
+    while True:
+        try:
+            left, granted = await coord.lease_left(leader.lease_id)
+        except TRANSIENT:  # etcd away: nothing could be revoked either
+            confirming = False
+            await asyncio.sleep(LEASE_POLL_S)
+            continue
+        answered = loop.time()
+        if left < 0 or granted < 2:  # gone already, or too short to tell renewed from expired
+            return
+        if left > 0:
+            confirming = False
+            await asyncio.sleep(LEASE_POLL_S)
+        elif confirming:
+            break
+        else:
+            confirming = True
+            await asyncio.sleep(answered + 1.0 + _CLOCK_SLACK_S - loop.time())
+    log.warning("leader_lease_expired", member_id=leader.member_id, epoch=leader.epoch)
+    await _depose(coord, leader)
+
+
+async def _depose(coord: Coordinator, leader: LeaderInfo) -> None:
     try:
         await coord.depose(leader)
     except TRANSIENT as exc:  # etcd away too: the lease runs out by itself

@@ -1,5 +1,6 @@
-"""A standby deposes a leader whose process is gone without waiting out its lease, and leaves a
-frozen one to the lease (scheduler_svc/ha/leader_probe.py against a real etcd)."""
+"""A standby deposes a leader whose process is gone without waiting out its lease, and a frozen
+one as soon as its lease has expired, without waiting for etcd's sweep; never one that renewed
+in time (scheduler_svc/ha/leader_probe.py, against a real etcd where etcd's behaviour matters)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import sys
 import uuid
 from pathlib import Path
 
-from common.coordination import Coordinator, cancel_and_wait
+from common.coordination import Coordinator, LeaderInfo, cancel_and_wait
+from scheduler_svc.ha import leader_probe
 from scheduler_svc.ha.leader_probe import depose_dead_leaders
 from tests.unit.common.test_coordination import _read_line
 
@@ -96,5 +98,64 @@ def test_a_leader_that_names_no_address_is_left_to_its_lease(etcd):
         await leading.resign()
         await leader.close()
         await standby.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+class ScriptedLease:
+    """A coordinator whose leader's lease reads (seconds left, seconds granted) as scripted,
+    the last read repeating; it records whom it deposed."""
+
+    def __init__(self, *reads: tuple[int, int]) -> None:
+        self.reads = list(reads)
+        self.deposed: list[int] = []
+
+    async def lease_left(self, lease_id: int) -> tuple[int, int]:
+        return self.reads.pop(0) if len(self.reads) > 1 else self.reads[0]
+
+    async def depose(self, leader: LeaderInfo) -> None:
+        self.deposed.append(leader.epoch)
+
+
+def _watch_lease(coord: ScriptedLease) -> None:
+    leader = LeaderInfo(7, "old", {}, lease_id=42)
+    asyncio.run(asyncio.wait_for(leader_probe._depose_when_expired(coord, leader), 20))
+
+
+def test_a_lease_renewed_after_reading_zero_is_left_and_one_that_stays_zero_is_revoked(
+    monkeypatch,
+):
+    monkeypatch.setattr(leader_probe, "LEASE_POLL_S", 0.0)
+    # under a second left, then renewed in time; later under a second again, and expired
+    coord = ScriptedLease((1, 2), (0, 2), (1, 2), (1, 2), (0, 2), (0, 2))
+    _watch_lease(coord)
+    assert coord.deposed == [7]
+    assert coord.reads == [(0, 2)]  # every read was taken: the renewal was seen, not skipped
+
+
+def test_a_lease_already_gone_or_too_short_to_tell_is_left_to_etcd(monkeypatch):
+    monkeypatch.setattr(leader_probe, "LEASE_POLL_S", 0.0)
+    for coord in (ScriptedLease((1, 2), (-1, 0)), ScriptedLease((0, 1))):
+        _watch_lease(coord)
+        assert coord.deposed == []
+
+
+def test_etcd_reads_a_lease_as_the_standby_relies_on(etcd):
+    """Seconds left truncated (a fresh 2 s lease reads 1), 0 from under a second left until
+    etcd's sweep revokes it, and no renewal once it has expired."""
+
+    async def scenario() -> None:
+        coord = Coordinator(etcd.endpoint, f"test-{uuid.uuid4().hex[:8]}", lease_ttl=2.0)
+        await coord.connect()
+        lease = await coord.client.lease(2)
+        assert await coord.lease_left(lease.id) == (1, 2)
+        while (await coord.lease_left(lease.id))[0] > 0:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(1.0 + leader_probe._CLOCK_SLACK_S)  # past its expiry
+        assert (await coord.lease_left(lease.id))[0] in (0, -1)
+        reply = await coord.client.refresh_lease(lease.id)
+        assert reply is None or reply.TTL <= 0
+        assert (await coord.lease_left(lease.id))[0] == -1
+        await coord.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 20))
