@@ -51,6 +51,7 @@ from scheduler_svc.obs.engine_observer import EngineObserver
 from scheduler_svc.shards.remote_worker import RemoteWorker
 
 log = get_logger("splitserve.engine")
+PRIORITY_POLICIES = ("priority", "priority-aging")  # the ones that order by request.priority
 
 
 class ServingEngine:
@@ -237,18 +238,44 @@ class ServingEngine:
             return
         depth = self.config.worker_queue_depth
         while self.waiting:
+            targets = (*self.sessions.values(), *self.remote_workers.values())
             eligible: list[WorkerSession | RemoteWorker] = [
                 # each within its own rows (the smaller of ours and the worker's)
                 s
-                for s in (*self.sessions.values(), *self.remote_workers.values())
+                for s in targets
                 if s.accepting and s.num_local_waiting < depth and s.load < s.max_num_seqs + depth
             ]
             if not eligible:
-                return
+                eligible = self._ahead_of_lower_priority(targets, depth)
+                if not eligible:
+                    return
             request = self.waiting.pop()
             state = self.requests[request.request_id]
             choice = placement.choose(request, eligible, self.placement)
             self._assign(state, request, choice)
+
+    def _ahead_of_lower_priority(
+        self, targets: tuple[WorkerSession | RemoteWorker, ...], depth: int
+    ) -> list[WorkerSession | RemoteWorker]:
+        """Every local queue is full, but the head of the global one outranks a request waiting
+        in one of them: it goes there (up to twice the depth), ahead of that one, instead of
+        waiting until the lower one is admitted (priority inversion across workers)."""
+        if self.policy.name not in PRIORITY_POLICIES:
+            return []
+        head = self.waiting.peek()
+        if head is None:
+            return []
+        behind = [
+            s
+            for s in targets
+            if s.accepting
+            and s.load < s.max_num_seqs + 2 * depth
+            and (worst := s.worst_waiting_priority) is not None
+            and worst > head.priority
+        ]
+        if not behind:
+            return []
+        return [max(behind, key=lambda s: s.worst_waiting_priority or 0)]
 
     def place(self, state: InFlightRequest, worker_id: str) -> bool:
         """On a step shard: run a request the leader placed on this worker. False when the

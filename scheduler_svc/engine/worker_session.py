@@ -131,6 +131,11 @@ class WorkerSession:
     def max_num_seqs(self) -> int:
         return self.scheduler.config.max_num_seqs
 
+    @property
+    def worst_waiting_priority(self) -> int | None:
+        """The largest priority value in its local queue (the last to be admitted there)."""
+        return max((r.priority for r in self.scheduler.waiting), default=None)
+
     def cached_prefix_blocks(self, request: Request) -> int:
         """Leading full blocks of the request cached here or on their way here."""
         return count_prefix_blocks(self.scheduler.kv, request, self.inflight_hashes)

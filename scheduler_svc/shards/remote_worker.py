@@ -31,6 +31,7 @@ class RemoteWorker:
     draining: bool = False
     lost: bool = False
     num_running: int = 0  # as last reported
+    worst_waiting_priority: int | None = None  # in its local queue, as last reported
     kv_usage: float = 0.0
     request_ids: set[str] = field(default_factory=set)
     inflight_hashes: Counter = field(default_factory=Counter)  # prefixes on their way there

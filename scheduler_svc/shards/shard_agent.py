@@ -176,6 +176,8 @@ class ShardAgent(EngineObserver):
         into.max_num_seqs = cfg.max_num_seqs
         into.max_num_batched_tokens = cfg.max_num_batched_tokens
         into.num_waiting = len(sched.waiting)
+        worst = session.worst_waiting_priority
+        into.worst_waiting_priority = 0 if worst is None else worst
         into.num_running = len(sched.running)
         into.kv_usage = pool.usage
         into.enable_caching = cfg.enable_prefix_caching
@@ -203,6 +205,9 @@ class ShardAgent(EngineObserver):
         state.prefill_after = None  # the leader held it back as long as needed
         if not self.engine.place(state, msg.worker_id):
             self._returned(state, f"worker {msg.worker_id!r} is not on this shard")
+            return
+        self.dirty_workers.add(msg.worker_id)  # its local queue, as the leader must see it
+        self.soon()
 
     def _cancel(self, request_id: str) -> None:
         self.engine.drop(request_id)

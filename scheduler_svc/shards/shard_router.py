@@ -130,6 +130,9 @@ class ShardRouter:
             log.info("shard_worker_attached", shard_id=shard.shard_id, worker_id=report.worker_id)
         remote.draining = report.state == "draining"
         remote.num_running = report.num_running
+        remote.worst_waiting_priority = (
+            report.worst_waiting_priority if report.num_waiting else None
+        )
         remote.kv_usage = report.kv_usage
         if report.cached_added or report.cached_removed or report.cached_reset:
             remote.apply_cache_report(

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import random
 import signal
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,3 +168,61 @@ def test_a_shard_killed_under_load_loses_no_token(sharded):
     # the reclaimed requests went on on the other shard's worker
     after = [p for p in sharded.leader_events("request_placed") if p["migrations"] > 0]
     assert after and {p["worker_id"] for p in after} == {"w1"}, after
+
+
+def test_a_higher_priority_request_goes_ahead_of_lower_ones_waiting_on_any_shard(sharded):
+    # 1 seat and a local queue of 2 per worker: 6 long low-priority requests fill every seat
+    # and every local queue. The high-priority one that comes next must start with the first
+    # of those waiting (within a step or two), not after them: held in the leader's queue until
+    # a local queue had room, it would start only once a whole low request had run
+    sharded.start(
+        2,
+        "--scheduling-policy",
+        "priority",
+        "--max-num-seqs",
+        "1",
+        "--worker-queue-depth",
+        "2",
+    )
+    tokens: dict[str, int] = {}
+    when_high_started: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def run(client, name: str, prompt: list[int], priority: int, max_tokens: int) -> None:
+        for msg in client.stream(
+            token_ids=prompt,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            ignore_eos=True,
+            priority=priority,
+        ):
+            with lock:
+                tokens[name] = tokens.get(name, 0) + len(msg.token_ids)
+                if name == "high" and not when_high_started:
+                    when_high_started.update(tokens)
+
+    plist = prompts(7, seed=13)
+    with SplitserveClient(sharded.target, timeout=120) as client:
+        wait_workers(client, 2)
+        low = [
+            threading.Thread(target=run, args=(client, f"low{i}", plist[i], 5, 60))
+            for i in range(6)
+        ]
+        for t in low:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len(tokens) < 2:  # every seat busy, the local queues full
+            assert time.monotonic() < deadline, tokens
+            time.sleep(0.01)
+        with lock:
+            started = set(tokens)
+        high = threading.Thread(target=run, args=(client, "high", plist[6], 0, 4))
+        high.start()
+        for t in [*low, high]:
+            t.join(60)
+    assert tokens["high"] == 4 and all(tokens[f"low{i}"] == 60 for i in range(6)), tokens
+    waiting_then = [f"low{i}" for i in range(6) if f"low{i}" not in started]
+    assert len(waiting_then) == 4, started
+    # tokens each of those had when the high one got its first: a step or two's worth at most
+    behind = {name: when_high_started.get(name, 0) for name in waiting_then}
+    assert max(behind.values()) <= 3, (behind, when_high_started)
