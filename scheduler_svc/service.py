@@ -17,7 +17,6 @@ from common.logging import get_logger
 from common.model_source import read_vocab_size, resolve_model
 from common.pb import (
     frontend_link_pb2,
-    frontend_link_pb2_grpc,
     shard_link_pb2,
     shard_link_pb2_grpc,
     worker_link_pb2,
@@ -29,7 +28,7 @@ from scheduler_svc.core.speculative import SpeculativeConfig
 from scheduler_svc.engine.serving_engine import ServingEngine
 from scheduler_svc.ha.cluster_view import SchedulerRole, cluster_status
 from scheduler_svc.ha.leadership import RoleCollector
-from scheduler_svc.links.frontend_link import FrontendLinkService
+from scheduler_svc.links.frontend_link import FrontendLinkService, add_frontend_link
 from scheduler_svc.links.worker_link import WorkerLinkService
 from scheduler_svc.obs.dashboard_history import DashboardHistory
 from scheduler_svc.obs.engine_observer import ObserverGroup
@@ -120,7 +119,7 @@ class SchedulerService:
         )
         if self.shards is not None:  # front-ends and step shards dial a leader apart
             leading = lambda: self.role.role == "leader"  # noqa: E731
-            frontend_link_pb2_grpc.add_FrontendLinkServicer_to_server(
+            add_frontend_link(
                 FrontendLinkService(
                     self.engine, self.role, cfg.max_model_len, leading, self.shards
                 ),

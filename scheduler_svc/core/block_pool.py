@@ -192,17 +192,10 @@ class BlockPool:
         leaves the free queue and its prefix-cache entry, since it holds the worker's KV now,
         not what this pool last cached in it; ref++."""
         remove = self.free_queue.remove
-        cached = self.cached
         for block in blocks:
             if block.ref_cnt == 0:
                 remove(block)
-                h = block.block_hash
-                if h is not None:
-                    if cached.get(h) is block:
-                        del cached[h]
-                        if self.journal is not None:
-                            self.journal.evict(h)
-                    block.block_hash = None
+                self.uncache(block)
             block.ref_cnt += 1
 
     def free(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -218,6 +211,16 @@ class BlockPool:
                     queue.append(block)
             elif block.ref_cnt < 0:
                 raise AssertionError(f"{block!r} freed more often than it was taken")
+
+    def uncache(self, block: KVCacheBlock) -> None:
+        """Take the block's content out of the prefix cache (it will not hold it)."""
+        h = block.block_hash
+        if h is not None:
+            if self.cached.get(h) is block:
+                del self.cached[h]
+                if self.journal is not None:
+                    self.journal.evict(h)
+            block.block_hash = None
 
     def lookup(self, block_hash: BlockHash) -> KVCacheBlock | None:
         return self.cached.get(block_hash)

@@ -113,13 +113,9 @@ class KVCacheManager:
         num_cached = self._num_cached_blocks.get(rid, 0)
         if not blocks or num_cached <= keep:
             return
-        cached = self.pool.cached
+        uncache = self.pool.uncache
         for block in blocks[keep:num_cached]:  # its own blocks: hits never reach this far
-            h = block.block_hash
-            if h is not None:
-                if cached.get(h) is block:
-                    del cached[h]
-                block.block_hash = None
+            uncache(block)
         self._num_cached_blocks[rid] = keep
 
     # -- allocation -------------------------------------------------------------------------

@@ -41,7 +41,8 @@ class FrontendSession:
         self.http_address = hello.http_address
         self.grpc_address = hello.grpc_address
         self.request_ids: set[str] = set()
-        self.outbox: asyncio.Queue[pb.LeaderMessage | None] = asyncio.Queue()
+        # messages, or LeaderMessages already serialized (relayed from a step shard)
+        self.outbox: asyncio.Queue[pb.LeaderMessage | bytes | None] = asyncio.Queue()
         self._epoch = epoch
         self._batch: pb.TokenBatch | None = None
         self.closed = False
@@ -84,14 +85,14 @@ class FrontendSession:
         return False
 
     def relay(self, token_batch: bytes) -> None:
-        """A step shard's updates for this front-end, serialized there: passed on unread, after
-        whatever this process queued before them."""
+        """A step shard's updates for this front-end, serialized there: passed on unread (a
+        LeaderMessage written around the bytes), after whatever this process queued before."""
         if self.closed:
             return
         self._flush()
-        message = pb.LeaderMessage(epoch=self._epoch())
-        message.tokens.MergeFromString(token_batch)
-        self.outbox.put_nowait(message)
+        self.outbox.put_nowait(
+            b"\x08" + _varint(self._epoch()) + b"\x1a" + _varint(len(token_batch)) + token_batch
+        )
 
     def _flush(self) -> None:
         batch, self._batch = self._batch, None
@@ -106,6 +107,39 @@ class FrontendSession:
     def close(self) -> None:
         self.closed = True
         self.outbox.put_nowait(None)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _serialize_leader_message(message: pb.LeaderMessage | bytes) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def add_frontend_link(servicer: FrontendLinkService, server: grpc.aio.Server) -> None:
+    """As the generated add_FrontendLinkServicer_to_server, with a stream that also takes
+    LeaderMessages already serialized (FrontendSession.relay)."""
+    handlers = {
+        "Connect": grpc.stream_stream_rpc_method_handler(
+            servicer.Connect,
+            request_deserializer=pb.FrontendMessage.FromString,
+            response_serializer=_serialize_leader_message,
+        ),
+        "SetPriority": grpc.unary_unary_rpc_method_handler(
+            servicer.SetPriority,
+            request_deserializer=gen_pb.SetPriorityRequest.FromString,
+            response_serializer=gen_pb.SetPriorityResponse.SerializeToString,
+        ),
+    }
+    name = pb.DESCRIPTOR.services_by_name["FrontendLink"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
 
 
 def add_update_to(
