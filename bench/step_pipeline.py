@@ -8,6 +8,9 @@ number bench/scale_sim.py measures across processes, without their noise.
 
     .venv/bin/python bench/step_pipeline.py                      # 16 x 256, both loops
     .venv/bin/python bench/step_pipeline.py --workers 4 --running 64 --steps 400 --profile
+    # a step shard's work (#38): the leader's placements in, each step's updates packed per
+    # front-end into the report the shard writes to its leader (serialized, not sent)
+    .venv/bin/python bench/step_pipeline.py --role shard
 """
 
 from __future__ import annotations
@@ -37,13 +40,18 @@ from common.convert import (  # noqa: E402
     encode_step_result,
 )
 from common.logging import configure_logging  # noqa: E402
+from common.pb import shard_link_pb2 as shard_pb  # noqa: E402
 from common.pb import worker_link_pb2 as pb  # noqa: E402
 from common.tokenizer import load_tokenizer  # noqa: E402
 from frontend_svc.intake import Intake  # noqa: E402
 from scheduler_svc.config import SchedulerServiceConfig  # noqa: E402
 from scheduler_svc.core import SamplingParams, restore_gc, tune_gc_for_serving  # noqa: E402
+from scheduler_svc.engine.in_flight import to_submit  # noqa: E402
 from scheduler_svc.engine.serving_engine import ServingEngine  # noqa: E402
 from scheduler_svc.engine.worker_session import StepReply, WorkerRegistration  # noqa: E402
+from scheduler_svc.obs.engine_observer import ObserverGroup  # noqa: E402
+from scheduler_svc.shards.shard_agent import ShardAgent  # noqa: E402
+from splitserve.embedded import InProcessScheduler  # noqa: E402
 from worker_svc.sim_runner import sim_next_token  # noqa: E402
 
 
@@ -95,6 +103,12 @@ async def drain(state) -> None:
             return
 
 
+async def write_reports(outbox: asyncio.Queue) -> None:
+    """What the shard's link does to a report: serialize it (the socket write left out)."""
+    while True:
+        (await outbox.get()).SerializeToString()
+
+
 async def run(args, kind: str) -> dict:
     tokenizer = load_tokenizer(None)
     cfg = SchedulerServiceConfig(
@@ -114,10 +128,27 @@ async def run(args, kind: str) -> dict:
     rng = random.Random(0)
     params = SamplingParams(max_tokens=args.steps + 50, temperature=0.0, ignore_eos=True)
     tasks = []
+    front = InProcessScheduler(engine)  # the in-process front-end's side of the engine
+    agent = None
+    if args.role == "shard":
+        agent = ShardAgent(engine, "s0", "", lambda address: None, lambda epoch: None)
+        engine.observer = ObserverGroup(engine.observer, agent)
+        agent.outbox = asyncio.Queue()
+        tasks.append(asyncio.create_task(write_reports(agent.outbox)))
+        for session, _ in workers:
+            agent.on_worker_attached(session)
     for i in range(args.workers * args.running):
         prompt = [rng.randrange(3, tokenizer.vocab_size) for _ in range(32)]
         state = intake.make_state(f"r{i}", prompt, params, [])
-        engine.submit(state)
+        if agent is not None:
+            worker_id = workers[i % len(workers)][0].worker_id
+            agent._assign(
+                shard_pb.AssignRequest(
+                    worker_id=worker_id, frontend_id=f"fe{i % 4}", request=to_submit(state)
+                )
+            )
+            continue
+        front.submit(state)
         tasks.append(asyncio.create_task(drain(state)))
     loops = [asyncio.create_task(engine.run_worker(s)) for s, _ in workers]
     sessions = [s for s, _ in workers]
@@ -138,7 +169,9 @@ async def run(args, kind: str) -> dict:
     worker_s = sum(t.worker_s for _, t in workers) - worker0
     for state in list(engine.requests.values()):
         engine.abort(state.request_id)
-    await asyncio.gather(*tasks)
+    if agent is not None:
+        tasks[0].cancel()
+    await asyncio.gather(*tasks, return_exceptions=agent is not None)
     for s in sessions:
         s.mark_lost("benchmark over")
     await asyncio.gather(*loops)
@@ -154,6 +187,7 @@ async def run(args, kind: str) -> dict:
         "worker_side_us_per_request_step": 1e6 * worker_s / request_steps,
         "request_steps_per_core_s": request_steps / max(cpu - worker_s, 1e-9),
         "stream_interval": args.stream_interval,
+        "role": args.role,
     }
 
 
@@ -171,6 +205,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="best of")
     parser.add_argument("--stream-interval", type=int, default=1)
     parser.add_argument("--profile", action="store_true", help="cProfile the measured steps")
+    parser.add_argument(
+        "--role",
+        choices=["single", "shard"],
+        default="single",
+        help="single: the scheduler with its streams; shard: a step shard reporting to a leader",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     configure_logging("warning", json_logs=True)
@@ -183,7 +223,7 @@ def main() -> None:
     finally:
         restore_gc(gc_before)
     table = Table(
-        title=f"scheduler work per request-step, {args.workers} x {args.running} "
+        title=f"{args.role} scheduler work per request-step, {args.workers} x {args.running} "
         f"running, stream interval {args.stream_interval}, in one process "
         f"(best of {args.repeats})"
     )

@@ -226,3 +226,49 @@ def test_a_higher_priority_request_goes_ahead_of_lower_ones_waiting_on_any_shard
     # tokens each of those had when the high one got its first: a step or two's worth at most
     behind = {name: when_high_started.get(name, 0) for name in waiting_then}
     assert max(behind.values()) <= 3, (behind, when_high_started)
+
+
+def test_fair_share_holds_across_shards(sharded):
+    # two tenants weighted 3:1, both backlogged on two shards' workers, their requests sent
+    # alternately: while both have work the tokens go 3:1, not 1:1 as arrival order would have
+    # them (the leader charges each request as it places it; what it computed settles it)
+    sharded.start(
+        2,
+        "--scheduling-policy",
+        "fair",
+        "--tenants",
+        "a:3,b:1",
+        "--max-num-seqs",
+        "2",
+        "--worker-queue-depth",
+        "1",
+    )
+    per_tenant = {"a": 0, "b": 0}
+    at_half: dict[str, int] = {}
+    lock = threading.Lock()
+    num_each, max_tokens = 24, 20
+    half = num_each * max_tokens  # of both tenants' tokens
+
+    def run(client, tenant: str, prompt: list[int]) -> None:
+        for msg in client.stream(
+            token_ids=prompt, max_tokens=max_tokens, temperature=0.0, ignore_eos=True, tenant=tenant
+        ):
+            with lock:
+                per_tenant[tenant] += len(msg.token_ids)
+                if not at_half and sum(per_tenant.values()) >= half:
+                    at_half.update(per_tenant)
+
+    plist = prompts(2 * num_each, seed=14)
+    with SplitserveClient(sharded.target, timeout=120) as client:
+        wait_workers(client, 2)
+        threads = [
+            threading.Thread(target=run, args=(client, "ab"[i % 2], plist[i]))
+            for i in range(2 * num_each)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert per_tenant == {"a": num_each * max_tokens, "b": num_each * max_tokens}, per_tenant
+    share_a = at_half["a"] / (at_half["a"] + at_half["b"])
+    assert abs(share_a - 0.75) <= 0.075, at_half  # within 10 % of the weights
