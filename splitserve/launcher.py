@@ -125,10 +125,13 @@ def child_specs(
         specs.append(ChildSpec(f"frontend-{i}", frontend_argv, kind="frontend"))
     threads = max(1, (os.cpu_count() or 1) // max(1, args.workers))
     for i in range(args.workers):
-        # with step shards, each worker dials its shard (round robin)
+        # with step shards, each worker dials its shard (round robin), then the others when
+        # that one is lost (taking the rows it holds along)
         dial = follow
         if shard_ports:
-            dial = ["--scheduler", f"127.0.0.1:{shard_ports[i % len(shard_ports)]}"]
+            k = i % len(shard_ports)
+            order = shard_ports[k:] + shard_ports[:k]
+            dial = ["--scheduler", ",".join(f"127.0.0.1:{p}" for p in order)]
         worker_argv = [
             *cli,
             "worker",

@@ -85,6 +85,11 @@ class WorkerLinkClient:
         self._held: list[pb.HeldRequest] = []  # rows when the last link broke, for Register
         self._session_steps = 0
         self._wake = threading.Event()  # ends a reconnect wait early (stop, switch)
+        # --scheduler A,B,...: step shards; A is this worker's, the others take it (and the
+        # rows it holds) when A refuses
+        self._addresses = [a.strip() for a in cfg.scheduler.split(",") if a.strip()]
+        if self._addresses:
+            cfg.scheduler = self._addresses[0]
 
     def registration(self) -> pb.Register:
         r = self.runner
@@ -182,8 +187,20 @@ class WorkerLinkClient:
             if watcher is not None:
                 watcher.stop()
 
+    def _next_address(self, tried: int) -> bool:
+        """After a session that never attached: dial the next scheduler of --scheduler's list
+        now, unless each was tried since the last attach. Returns whether it moved on."""
+        if len(self._addresses) < 2 or tried >= len(self._addresses) - 1:
+            return False
+        here = self.cfg.scheduler
+        k = self._addresses.index(here) if here in self._addresses else -1
+        self.cfg.scheduler = self._addresses[(k + 1) % len(self._addresses)]
+        log.info("trying_next_scheduler", scheduler=self.cfg.scheduler, previous=here)
+        return True
+
     def _reconnect_loop(self) -> None:
         backoff = 0.25
+        tried = 0  # other addresses dialed since the last attach
         while not self.stopping.is_set():
             self._wake.clear()
             attached = self._run_session()
@@ -194,9 +211,13 @@ class WorkerLinkClient:
             self.runner.reset()
             self._request_ids.clear()
             if attached:
-                backoff = 0.25
+                backoff, tried = 0.25, 0
             if self._wake.is_set():  # switched to a new leader: dial it now
                 continue
+            if not attached and self._next_address(tried):
+                tried += 1
+                continue
+            tried = 0
             wait = min(self.cfg.reconnect_max_backoff, backoff) * (0.75 + random.random() / 2)
             log.info("reconnecting", scheduler=self.cfg.scheduler, wait_s=round(wait, 2))
             self._wake.wait(wait)

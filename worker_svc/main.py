@@ -21,8 +21,11 @@ def load_credentials(link_cfg: WorkerLinkConfig) -> Credentials | None:
     """The worker's credentials; without them it dials a scheduler on loopback only."""
     if link_cfg.etcd:
         links = {"follow the etcd at": target_host(link_cfg.etcd)}
-    else:
-        links = {"dial the scheduler at": target_host(link_cfg.scheduler)}
+    else:  # each scheduler of the list (step shards: the worker's own first)
+        links = {
+            f"dial the scheduler at {address}": target_host(address)
+            for address in link_cfg.scheduler.split(",")
+        }
     return role_credentials("worker", link_cfg.credentials, links)
 
 

@@ -33,6 +33,7 @@ class EngineHost(Protocol):
     worker_attached: asyncio.Event
     may_act: Callable[[], bool]
     rebuilding: bool
+    keeps_held_rows: bool
     _speculative: SpeculativeConfig | None
     _resumed: list[InFlightRequest]
     _held: dict[str, tuple[WorkerSession, Any]]

@@ -91,6 +91,9 @@ class ServingEngine:
         # a new leader rebuilding (takeover.py): nothing is dispatched until the
         # workers and front-ends of the old leader have reported what they hold
         self.rebuilding = False
+        # a step shard keeps the rows a worker held when it attaches (its old shard died):
+        # the leader places their requests back on it (place() adopts them)
+        self.keeps_held_rows = False
         self._resumed: list[InFlightRequest] = []  # reported by front-ends during the rebuild
         self._held: dict[str, tuple[WorkerSession, Any]] = {}  # request id -> worker row
         self.may_act: Callable[[], bool] = lambda: True  # False once leadership is lost
@@ -251,7 +254,11 @@ class ServingEngine:
                     return
             request = self.waiting.pop()
             state = self.requests[request.request_id]
-            choice = placement.choose(request, eligible, self.placement)
+            holder = next((s for s in eligible if request.request_id in s.held_request_ids), None)
+            if holder is not None:  # its rows are there: it continues on them
+                choice = placement.Placement(holder, "held", 0, holder.load)
+            else:
+                choice = placement.choose(request, eligible, self.placement)
             self._assign(state, request, choice)
 
     def _ahead_of_lower_priority(
@@ -286,6 +293,10 @@ class ServingEngine:
         request = state.to_core_request()
         state.core = request
         self.requests[state.request_id] = state
+        held = self._held.get(state.request_id)
+        if held is not None and held[0] is session and self.takeover.adopt(state, request):
+            log.info("request_adopted", request_id=state.request_id, worker_id=worker_id)
+            return True
         self._assign(state, request, placement.Placement(session, "leader", 0, session.load))
         return True
 

@@ -63,7 +63,7 @@ class Takeover:
             state.core = request
             self.engine.requests[state.request_id] = state
             self.engine.observer.on_request_accepted(state)
-            if self._adopt(state, request):
+            if self.adopt(state, request):
                 adopted += 1
             else:
                 queued.append(state)
@@ -75,7 +75,7 @@ class Takeover:
         self.engine._dispatch()
         return adopted
 
-    def _adopt(self, state: InFlightRequest, request) -> bool:
+    def adopt(self, state: InFlightRequest, request) -> bool:
         """Continue on the worker row that holds this request's KV (no recompute), when one
         reported it and its blocks fit the new leader's accounting."""
         session, row = self.engine._held.pop(state.request_id, (None, None))

@@ -34,7 +34,7 @@ class WorkerPool:
         local_queue = create_request_queue(self.engine.policy)
         session = WorkerSession(registration, Scheduler(sched_cfg, local_queue), transport)
         self.engine.sessions[registration.worker_id] = session
-        if self.engine.rebuilding:
+        if self.engine.rebuilding or self.engine.keeps_held_rows:
             for row in getattr(registration, "held", ()):
                 self.engine._held[row.request_id] = (session, row)
         self.engine.worker_attached.set()

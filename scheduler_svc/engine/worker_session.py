@@ -120,6 +120,12 @@ class WorkerSession:
         return not self.lost and not self.draining
 
     @property
+    def held_request_ids(self) -> tuple[str, ...]:
+        """Rows held for requests to place back here: only a step shard's workers have any
+        (RemoteWorker); a takeover adopts a local worker's rows itself."""
+        return ()
+
+    @property
     def block_size(self) -> int:
         return self.scheduler.kv.block_size
 

@@ -36,6 +36,7 @@ class RemoteWorker:
     request_ids: set[str] = field(default_factory=set)
     inflight_hashes: Counter = field(default_factory=Counter)  # prefixes on their way there
     cached: set[BlockHash] = field(default_factory=set)  # its prefix cache, as reported
+    held_request_ids: set[str] = field(default_factory=set)  # rows it brought from a lost shard
 
     @property
     def load(self) -> int:
@@ -77,6 +78,7 @@ class RemoteWorker:
 
     def take(self, state: object, request: Request) -> list[BlockHash]:
         """Send the request to the worker's shard; its prefix is on its way there."""
+        self.held_request_ids.discard(request.request_id)
         self.shard.assign(self.worker_id, state)
         if not self.config.enable_prefix_caching:
             return []

@@ -27,7 +27,7 @@ from common.outcomes import FinishReason, RequestRejected
 from common.pb import frontend_link_pb2 as fl_pb
 from common.pb import shard_link_pb2 as pb
 from common.pb import shard_link_pb2_grpc as pb_grpc
-from scheduler_svc.core import CacheJournal
+from scheduler_svc.core import CacheJournal, KVCacheManager, Request, SamplingParams
 from scheduler_svc.engine.in_flight import InFlightRequest, from_submit, to_submit
 from scheduler_svc.engine.serving_engine import ServingEngine
 from scheduler_svc.engine.worker_session import WorkerSession
@@ -36,6 +36,7 @@ from scheduler_svc.obs.engine_observer import EngineObserver
 
 log = get_logger("splitserve.shard")
 RETRY_S = 0.5
+HELD_KEEP_S = 10.0  # rows a worker brought along wait this long for their requests
 
 
 class RelaySink:
@@ -96,6 +97,8 @@ class ShardAgent(EngineObserver):
         self.channel = channel  # address -> a channel to the leader's internal port
         self.on_epoch = on_epoch
         self.sinks: dict[str, RelaySink] = {}
+        # request id -> (the pool, a placeholder holding the blocks of a row brought along)
+        self.reserved: dict[str, tuple[KVCacheManager, Request]] = {}
         self.pending_tokens: list[RelaySink] = []
         self.report = pb.ShardReport()
         self.dirty_workers: set[str] = set()
@@ -104,13 +107,45 @@ class ShardAgent(EngineObserver):
         self._flush_scheduled = False
         self.connected = asyncio.Event()
         engine.requeue_to = self._returned
+        engine.keeps_held_rows = True
 
     # ---- the engine's events --------------------------------------------------------------
     def on_worker_attached(self, session: WorkerSession) -> None:
         pool = session.scheduler.kv.pool
         pool.journal = CacheJournal(pool.cached)
         self.dirty_workers.add(session.worker_id)
+        rows = [(r, row) for r, (s, row) in self.engine._held.items() if s is session]
+        for request_id, row in rows:
+            self._reserve(session, request_id, row)
+        if rows:
+            asyncio.get_running_loop().call_later(HELD_KEEP_S, self._forget_held, session)
         self.soon()
+
+    def _reserve(self, session: WorkerSession, request_id: str, row) -> None:  # noqa: ANN001
+        """Hold the blocks of a row the worker brought along until its request is placed back
+        (or HELD_KEEP_S): the pool must not hand them to others and overwrite that KV."""
+        kv = session.scheduler.kv
+        placeholder = Request(f"held:{request_id}", [0], SamplingParams(max_tokens=1))
+        num_blocks = -(-row.num_computed_tokens // kv.block_size)
+        try:
+            kv.adopt(placeholder, list(row.block_ids), num_blocks)
+        except ValueError as exc:
+            log.warning("held_row_refused", request_id=request_id, reason=str(exc))
+            self.engine._held.pop(request_id, None)
+            return
+        self.reserved[request_id] = (kv, placeholder)
+
+    def _release(self, request_id: str) -> None:
+        reserved = self.reserved.pop(request_id, None)
+        if reserved is not None:
+            kv, placeholder = reserved
+            kv.free(placeholder)
+
+    def _forget_held(self, session: WorkerSession) -> None:
+        held = self.engine._held
+        for request_id in [r for r, (s, _) in held.items() if s is session]:
+            del held[request_id]
+            self._release(request_id)
 
     def on_worker_detached(self, session: WorkerSession, reason: str) -> None:
         self.dirty_workers.discard(session.worker_id)
@@ -154,7 +189,7 @@ class ShardAgent(EngineObserver):
         for worker_id in self.dirty_workers:
             session = sessions.get(worker_id)
             if session is not None:
-                self._describe(session, report.workers.add())
+                self._describe(session, report.workers.add(), self.engine._held)
         self.dirty_workers.clear()
         for worker_id in self.gone_workers:
             report.workers.add(worker_id=worker_id, state="gone")
@@ -164,7 +199,7 @@ class ShardAgent(EngineObserver):
             self.outbox.put_nowait(pb.ShardMessage(report=report))
 
     @staticmethod
-    def _describe(session: WorkerSession, into: pb.ShardWorker) -> None:
+    def _describe(session: WorkerSession, into: pb.ShardWorker, engine_held: dict) -> None:
         sched = session.scheduler
         cfg = sched.config
         pool = sched.kv.pool
@@ -183,6 +218,8 @@ class ShardAgent(EngineObserver):
         into.enable_caching = cfg.enable_prefix_caching
         journal = pool.journal
         if journal is not None:
+            if journal.reset:  # its first report here
+                into.held_request_ids.extend(r for r, (s, _) in engine_held.items() if s is session)
             added, removed, reset = journal.take()
             into.cached_added.extend(added)
             into.cached_removed.extend(removed)
@@ -203,6 +240,7 @@ class ShardAgent(EngineObserver):
             self.soon()
             return
         state.prefill_after = None  # the leader held it back as long as needed
+        self._release(state.request_id)  # its held blocks: adopted in the same call
         if not self.engine.place(state, msg.worker_id):
             self._returned(state, f"worker {msg.worker_id!r} is not on this shard")
             return

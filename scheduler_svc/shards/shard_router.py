@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 
 log = get_logger("splitserve.shards")
 HELLO_TIMEOUT_S = 30.0
+# a lost shard's requests wait at most this long for their worker to attach to another shard
+# with their rows (then they continue on them); after it, they go to any worker
+REHOME_WAIT_S = 3.0
 
 
 class ShardSession:
@@ -75,7 +78,9 @@ class ShardRouter:
         self.engine = engine
         self.epoch = epoch
         self.shards: dict[str, ShardSession] = {}
-        self.reclaiming: dict[str, InFlightRequest] = {}
+        self.reclaiming: dict[str, tuple[InFlightRequest, str]] = {}  # -> (state, its worker)
+        # reclaimed requests waiting for their lost shard's worker to attach elsewhere
+        self.awaiting_worker: dict[str, list[InFlightRequest]] = {}
 
     # ---- a shard's report -----------------------------------------------------------------
     def apply(self, shard: ShardSession, report: pb.ShardReport) -> None:
@@ -128,6 +133,9 @@ class ShardRouter:
             for state in engine.requests.values():  # a worker takes them now
                 engine._cancel_wait_timer(state)
             log.info("shard_worker_attached", shard_id=shard.shard_id, worker_id=report.worker_id)
+        if report.held_request_ids:
+            remote.held_request_ids = set(report.held_request_ids)
+        self._release_awaiting(report.worker_id)
         remote.draining = report.state == "draining"
         remote.num_running = report.num_running
         remote.worst_waiting_priority = (
@@ -210,9 +218,12 @@ class ShardRouter:
                 if state is None:
                     continue
                 engine._leave_session(state)
-                self.reclaiming[request_id] = state
+                self.reclaiming[request_id] = (state, worker_id)
                 by_frontend[state.frontend_id].append(request_id)
             self._forget(shard, worker_id, reason)
+            self.awaiting_worker.setdefault(worker_id, [])
+            loop = asyncio.get_running_loop()
+            loop.call_later(REHOME_WAIT_S, self._release_awaiting, worker_id)
         for frontend_id, request_ids in by_frontend.items():
             session = engine.frontends.get(frontend_id)
             if session is None:
@@ -229,12 +240,30 @@ class ShardRouter:
         engine._await_workers()
 
     def reclaimed(self, msg: fl_pb.SubmitRequest) -> None:
-        """A front-end's answer to a Reclaim: the request goes on from the tokens it has."""
-        state = self.reclaiming.pop(msg.request_id, None)
+        """A front-end's answer to a Reclaim: the request goes on from the tokens it has, on
+        its worker's rows if that worker attaches to another shard in time."""
+        state, worker_id = self.reclaiming.pop(msg.request_id, (None, ""))
         if state is None or self.engine.requests.get(msg.request_id) is not state:
             return
         state.output_token_ids = list(msg.output_token_ids)
-        self.engine._requeue(state, "its step shard was lost")
+        awaiting = self.awaiting_worker.get(worker_id)
+        if awaiting is not None and worker_id not in self.engine.remote_workers:
+            awaiting.append(state)
+            return
+        self._requeue([state])
+
+    def _release_awaiting(self, worker_id: str) -> None:
+        """The worker attached again (or the wait is over): its reclaimed requests go to the
+        head of the queue, where placement finds the rows it reported holding."""
+        states = self.awaiting_worker.pop(worker_id, None)
+        if states:
+            self._requeue(states)
+
+    def _requeue(self, states: list[InFlightRequest]) -> None:
+        states = [s for s in states if self.engine.requests.get(s.request_id) is s]
+        states.sort(key=lambda s: s.arrival_time, reverse=True)  # prepend: latest first
+        for state in states:
+            self.engine._requeue(state, "its step shard was lost")
         self.engine._dispatch()
 
 

@@ -55,9 +55,8 @@ class ShardedCluster:
             ],
         )
         wait_for_port(c.worker_port, c.scheduler)
-        for i in range(num_shards):
-            port = free_port()
-            self.shard_ports.append(port)
+        self.shard_ports = [free_port() for _ in range(num_shards)]
+        for i, port in enumerate(self.shard_ports):
             shard = c._spawn(
                 f"shard-{i}",
                 [
@@ -76,10 +75,11 @@ class ShardedCluster:
             )
             self.shards.append(shard)
             wait_for_port(port, shard)
-            c._spawn(
-                f"w{i}",
-                ["worker", "--scheduler", f"127.0.0.1:{port}", "--worker-id", f"w{i}", *SIM],
-            )
+        for i, port in enumerate(self.shard_ports):
+            # its own shard first, the others for when that one is lost (it takes its rows)
+            others = [p for p in self.shard_ports if p != port]
+            dial = ",".join(f"127.0.0.1:{p}" for p in [port, *others])
+            c._spawn(f"w{i}", ["worker", "--scheduler", dial, "--worker-id", f"w{i}", *SIM])
         frontend = c._spawn(
             "frontend",
             [
@@ -154,7 +154,7 @@ def test_placement_follows_the_prefix_across_shards(sharded):
     assert reasons.count("prefix") >= 6, reasons
 
 
-def test_a_shard_killed_under_load_loses_no_token(sharded):
+def test_a_shard_killed_under_load_loses_no_token_and_its_worker_keeps_its_rows(sharded):
     sharded.start(2)
     with SplitserveClient(sharded.target, timeout=120) as client:
         wait_workers(client, 2)
@@ -163,11 +163,17 @@ def test_a_shard_killed_under_load_loses_no_token(sharded):
         sharded.shards[0].signal(signal.SIGKILL)
         runs.join()
         runs.check()  # every stream equal to the undisturbed run, finished by length
+        wait_workers(client, 2)  # w0 is back, attached to shard-1
     lost = sharded.leader_events("shard_lost")
     assert lost and lost[0]["shard_id"] == "shard-0" and lost[0]["reclaimed"] > 0, lost
-    # the reclaimed requests went on on the other shard's worker
-    after = [p for p in sharded.leader_events("request_placed") if p["migrations"] > 0]
-    assert after and {p["worker_id"] for p in after} == {"w1"}, after
+    # w0 took its rows to shard-1, and the requests they hold went on on them: placed back on
+    # w0 ("held") and adopted there, nothing computed again
+    again = [p for p in sharded.leader_events("request_placed") if p["migrations"] > 0]
+    held = [p for p in again if p["reason"] == "held"]
+    assert held and {p["worker_id"] for p in held} == {"w0"}, again
+    adopted = _events(sharded.base.procs[2].log_path, "request_adopted")  # shard-1's log
+    refused = _events(sharded.base.procs[2].log_path, "adopt_refused")
+    assert {a["request_id"] for a in adopted} == {p["request_id"] for p in held}, refused
 
 
 def test_a_higher_priority_request_goes_ahead_of_lower_ones_waiting_on_any_shard(sharded):
