@@ -14,10 +14,18 @@ from scheduler_svc.core.policy import SchedulingPolicy
 from scheduler_svc.core.request_queue import RequestQueue
 from scheduler_svc.core.speculative import SpeculativeConfig
 from scheduler_svc.engine.in_flight import InFlightRequest
+from scheduler_svc.engine.placement import PlacementConfig
 from scheduler_svc.engine.slo_admission import SloAdmission
 from scheduler_svc.engine.stream_pacing import StreamPacer
 from scheduler_svc.engine.worker_session import WorkerSession
 from scheduler_svc.obs.engine_observer import EngineObserver
+from scheduler_svc.shards.remote_worker import RemoteWorker
+
+
+class RowAdopter(Protocol):
+    """The engine's Takeover as the dispatcher calls it."""
+
+    def adopt(self, state: InFlightRequest, request: Request) -> bool: ...
 
 
 class EngineHost(Protocol):
@@ -26,6 +34,9 @@ class EngineHost(Protocol):
     waiting: RequestQueue
     requests: dict[str, InFlightRequest]
     sessions: dict[str, WorkerSession]
+    remote_workers: dict[str, RemoteWorker]
+    placement: PlacementConfig
+    takeover: RowAdopter
     observer: EngineObserver
     slo: SloAdmission
     pacer: StreamPacer

@@ -30,6 +30,7 @@ from scheduler_svc.core import (
 )
 from scheduler_svc.core.speculative import SpeculativeConfig
 from scheduler_svc.engine import placement
+from scheduler_svc.engine.dispatcher import Dispatcher
 from scheduler_svc.engine.in_flight import InFlightRequest
 from scheduler_svc.engine.slo_admission import SloAdmission
 from scheduler_svc.engine.step_loop import StepLoop
@@ -51,7 +52,6 @@ from scheduler_svc.obs.engine_observer import EngineObserver
 from scheduler_svc.shards.remote_worker import RemoteWorker
 
 log = get_logger("splitserve.engine")
-PRIORITY_POLICIES = ("priority", "priority-aging")  # the ones that order by request.priority
 
 
 class ServingEngine:
@@ -101,6 +101,7 @@ class ServingEngine:
         self.takeover = Takeover(self)
         self.pool = WorkerPool(self)
         self.steps = StepLoop(self)
+        self.dispatcher = Dispatcher(self)
         self.placement = placement.PlacementConfig(
             min_prefix_tokens=config.placement_min_prefix_tokens,
             balance_abs=config.placement_balance_abs,
@@ -237,92 +238,11 @@ class ServingEngine:
 
     def _dispatch(self) -> None:
         """Hand requests from the head of the global queue to workers with room."""
-        if self.rebuilding:
-            return
-        depth = self.config.worker_queue_depth
-        while self.waiting:
-            targets = (*self.sessions.values(), *self.remote_workers.values())
-            eligible: list[WorkerSession | RemoteWorker] = [
-                # each within its own rows (the smaller of ours and the worker's)
-                s
-                for s in targets
-                if s.accepting and s.num_local_waiting < depth and s.load < s.max_num_seqs + depth
-            ]
-            if not eligible:
-                eligible = self._ahead_of_lower_priority(targets, depth)
-                if not eligible:
-                    return
-            request = self.waiting.pop()
-            state = self.requests[request.request_id]
-            holder = next((s for s in eligible if request.request_id in s.held_request_ids), None)
-            if holder is not None:  # its rows are there: it continues on them
-                choice = placement.Placement(holder, "held", 0, holder.load)
-            else:
-                choice = placement.choose(request, eligible, self.placement)
-            self._assign(state, request, choice)
-
-    def _ahead_of_lower_priority(
-        self, targets: tuple[WorkerSession | RemoteWorker, ...], depth: int
-    ) -> list[WorkerSession | RemoteWorker]:
-        """Every local queue is full, but the head of the global one outranks a request waiting
-        in one of them: it goes there (up to twice the depth), ahead of that one, instead of
-        waiting until the lower one is admitted (priority inversion across workers)."""
-        if self.policy.name not in PRIORITY_POLICIES:
-            return []
-        head = self.waiting.peek()
-        if head is None:
-            return []
-        behind = [
-            s
-            for s in targets
-            if s.accepting
-            and s.load < s.max_num_seqs + 2 * depth
-            and (worst := s.worst_waiting_priority) is not None
-            and worst > head.priority
-        ]
-        if not behind:
-            return []
-        return [max(behind, key=lambda s: s.worst_waiting_priority or 0)]
+        self.dispatcher.dispatch()
 
     def place(self, state: InFlightRequest, worker_id: str) -> bool:
-        """On a step shard: run a request the leader placed on this worker. False when the
-        worker is gone or leaving (the leader puts it back in its queue)."""
-        session = self.sessions.get(worker_id)
-        if session is None or not session.accepting or state.request_id in self.requests:
-            return False
-        request = state.to_core_request()
-        state.core = request
-        self.requests[state.request_id] = state
-        held = self._held.get(state.request_id)
-        if held is not None and held[0] is session and self.takeover.adopt(state, request):
-            log.info("request_adopted", request_id=state.request_id, worker_id=worker_id)
-            return True
-        self._assign(state, request, placement.Placement(session, "leader", 0, session.load))
-        return True
-
-    def _assign(
-        self, state: InFlightRequest, request: Request, choice: placement.Placement
-    ) -> None:
-        session = choice.session
-        try:
-            state.inflight_hashes = session.take(state, request)
-        except RequestRejected as exc:
-            state.fail(str(exc), code="INVALID_ARGUMENT")
-            self._end(state)
-            return
-        self._cancel_wait_timer(state)
-        state.worker_id = session.worker_id
-        session.request_ids.add(state.request_id)
-        placement.add_inflight(session, state.inflight_hashes)
-        log.info(
-            "request_placed",
-            request_id=state.request_id,
-            worker_id=session.worker_id,
-            reason=choice.reason,
-            prefix_tokens=choice.prefix_tokens,
-            load=choice.load,
-            migrations=state.num_migrations,
-        )
+        """On a step shard: run a request the leader placed on this worker (dispatcher.py)."""
+        return self.dispatcher.place(state, worker_id)
 
     def _leave_session(self, state: InFlightRequest) -> WorkerSession | RemoteWorker | None:
         """Detach the request from its worker's bookkeeping (not from the core scheduler)."""
