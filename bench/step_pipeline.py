@@ -64,10 +64,12 @@ class WireWorker:
         self.vocab_size = vocab_size
         self.tokens: dict[str, list[int]] = {}
         self.worker_s = 0.0  # process time spent on the worker's side
+        self.finished: dict[int, list[int]] = {}  # step id -> handles it finished
 
     async def submit(self, out):
         message = pb.SchedulerMessage()
         encode_step(out, self.handles, release=False, into=message.step)
+        self.finished[out.step_id] = list(message.step.finished)
         wire = message.SerializeToString()
         started = time.process_time()
         step = pb.SchedulerMessage.FromString(wire).step
@@ -90,8 +92,7 @@ class WireWorker:
     async def result(self, out, answer) -> StepReply:
         result = pb.WorkerMessage.FromString(answer).step_result
         sampled, logprobs = decode_step_result(result, self.handles, self.vocab_size)
-        for req_id in out.finished_req_ids:
-            self.handles.release(req_id)
+        self.handles.release_handles(self.finished.pop(out.step_id, ()))
         await asyncio.sleep(0)  # the socket read: the stream consumers run in between
         return StepReply(sampled, logprobs)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from common.messages import (
@@ -75,16 +76,21 @@ def sampling_to_proto(
 
 @dataclass(slots=True)
 class HandleTable:
-    """Small integer handles for request ids on one worker link, reused after release."""
+    """Small integer handles for request ids on one worker link, reused after release.
+
+    A handle whose request's finish has been sent is retiring until the results of the steps
+    that may still name it are in (release_handles): a request id placed again on the worker
+    meanwhile (a resubmitted request) gets a handle of its own, never the retiring one."""
 
     by_id: dict[str, int] = field(default_factory=dict)
     by_handle: dict[int, str] = field(default_factory=dict)
     free: list[int] = field(default_factory=list)
     next_handle: int = 1
+    retiring: set[int] = field(default_factory=set)
 
     def assign(self, request_id: str) -> int:
         handle = self.by_id.get(request_id)
-        if handle is not None:
+        if handle is not None and handle not in self.retiring:
             return handle
         handle = self.free.pop() if self.free else self._fresh()
         self.by_id[request_id] = handle
@@ -96,11 +102,28 @@ class HandleTable:
         self.next_handle += 1
         return handle
 
-    def release(self, request_id: str) -> None:
-        handle = self.by_id.pop(request_id, None)
+    def retire(self, request_id: str) -> int | None:
+        """Its finish goes out in a step: the handle to name it by, kept until released."""
+        handle = self.by_id.get(request_id)
         if handle is not None:
-            del self.by_handle[handle]
+            self.retiring.add(handle)
+        return handle
+
+    def release_handles(self, handles: Iterable[int]) -> None:
+        by_handle, by_id = self.by_handle, self.by_id
+        for handle in handles:
+            self.retiring.discard(handle)
+            request_id = by_handle.pop(handle, None)
+            if request_id is None:
+                continue
+            if by_id.get(request_id) == handle:
+                del by_id[request_id]
             self.free.append(handle)
+
+    def release(self, request_id: str) -> None:
+        handle = self.by_id.get(request_id)
+        if handle is not None:
+            self.release_handles((handle,))
 
 
 def encode_step(
@@ -113,14 +136,14 @@ def encode_step(
     """The scheduler's diff as a Step (written into `into`, e.g. the step field of the message
     to send, when given: no copy), stamped with the leader's `epoch`. Handles of finished
     requests are released afterwards, unless `release` is False (a pipelined sender releases
-    them once every earlier step's result, which may still name them, has been decoded)."""
+    step.finished once every earlier step's result, which may still name them, is decoded)."""
     step = worker_link_pb2.Step() if into is None else into
     step.step_id = out.step_id
     if epoch:
         step.epoch = epoch
     sched = out.num_scheduled_tokens
     for req_id in out.finished_req_ids:
-        handle = handles.by_id.get(req_id)
+        handle = handles.retire(req_id)
         if handle is not None:
             step.finished.append(handle)
     for req_id in out.preempted_req_ids:
@@ -185,8 +208,7 @@ def encode_step(
     for dev, host in out.blocks_to_swap_in:
         step.swap_in.add(device_block=dev, host_block=host)
     if release:
-        for req_id in out.finished_req_ids:
-            handles.release(req_id)
+        handles.release_handles(step.finished)
     return step
 
 

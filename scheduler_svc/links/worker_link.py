@@ -46,6 +46,7 @@ class GrpcWorkerTransport:
         self.handles = HandleTable()
         self.last_heard = time.monotonic()
         self.pending: dict[int, asyncio.Future] = {}  # step id -> future of its StepResult
+        self.finished_handles: dict[int, list[int]] = {}  # step id -> handles it finished
         self.session: WorkerSession | None = None
         self.on_drain = None  # callable(timeout_s), set once attached
         self.lost_reason = ""
@@ -56,6 +57,8 @@ class GrpcWorkerTransport:
             raise WorkerLost(self.lost_reason)
         message = pb.SchedulerMessage()
         encode_step(out, self.handles, release=False, into=message.step, epoch=self.epoch)
+        if message.step.finished:
+            self.finished_handles[out.step_id] = list(message.step.finished)
         future = asyncio.get_running_loop().create_future()
         self.pending[out.step_id] = future
         try:
@@ -82,8 +85,8 @@ class GrpcWorkerTransport:
             raise WorkerLost(
                 f"worker answered for {len(sampled)} requests, {len(expected)} were scheduled"
             )
-        for req_id in out.finished_req_ids:  # no later result can name them now
-            self.handles.release(req_id)
+        # no later result can name them now
+        self.handles.release_handles(self.finished_handles.pop(out.step_id, ()))
         return StepReply(
             sampled, logprobs, result.forward_time_s, result.step_time_s, result.idle_time_s
         )

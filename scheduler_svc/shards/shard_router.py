@@ -147,16 +147,40 @@ class ShardRouter:
                 list(report.cached_added), list(report.cached_removed), report.cached_reset
             )
 
-    def _forget(self, shard: ShardSession, worker_id: str, reason: str) -> None:
+    def _forget(self, shard: ShardSession, worker_id: str, reason: str) -> int:
+        """The worker left the shard (or the shard is lost). Requests the leader still has on
+        it (placed while the shard was reporting it gone: the shard sends those back, but from
+        a worker the leader no longer knows) are reclaimed from their front-ends. Returns how
+        many."""
         remote = shard.workers.pop(worker_id, None)
         if remote is None:
-            return
+            return 0
         remote.lost = True
         if self.engine.remote_workers.get(worker_id) is remote:
             del self.engine.remote_workers[worker_id]
         log.info(
             "shard_worker_detached", shard_id=shard.shard_id, worker_id=worker_id, reason=reason
         )
+        return self._reclaim(remote)
+
+    def _reclaim(self, remote: RemoteWorker) -> int:
+        engine = self.engine
+        by_frontend: dict[str, list[str]] = defaultdict(list)
+        for request_id in list(remote.request_ids):
+            state = engine.requests.get(request_id)
+            if state is None:
+                continue
+            engine._leave_session(state)
+            self.reclaiming[request_id] = (state, remote.worker_id)
+            by_frontend[state.frontend_id].append(request_id)
+        for frontend_id, request_ids in by_frontend.items():
+            session = engine.frontends.get(frontend_id)
+            if session is None:
+                for request_id in request_ids:
+                    engine.drop(request_id)
+                continue
+            session.send(fl_pb.LeaderMessage(reclaim=fl_pb.Reclaim(request_ids=request_ids)))
+        return sum(len(r) for r in by_frontend.values())
 
     def _mine(self, shard: ShardSession, request_id: str) -> InFlightRequest | None:
         state = self.engine.requests.get(request_id)
@@ -209,35 +233,15 @@ class ShardRouter:
         forgotten (they attach again to another shard)."""
         if self.shards.get(shard.shard_id) is shard:
             del self.shards[shard.shard_id]
-        engine = self.engine
-        by_frontend: dict[str, list[str]] = defaultdict(list)
+        reclaimed = 0
+        loop = asyncio.get_running_loop()
         for worker_id in list(shard.workers):
-            remote = shard.workers[worker_id]
-            for request_id in list(remote.request_ids):
-                state = engine.requests.get(request_id)
-                if state is None:
-                    continue
-                engine._leave_session(state)
-                self.reclaiming[request_id] = (state, worker_id)
-                by_frontend[state.frontend_id].append(request_id)
-            self._forget(shard, worker_id, reason)
+            # its rows may come back with it, on another shard: its requests wait for it
             self.awaiting_worker.setdefault(worker_id, [])
-            loop = asyncio.get_running_loop()
             loop.call_later(REHOME_WAIT_S, self._release_awaiting, worker_id)
-        for frontend_id, request_ids in by_frontend.items():
-            session = engine.frontends.get(frontend_id)
-            if session is None:
-                for request_id in request_ids:
-                    engine.drop(request_id)
-                continue
-            session.send(fl_pb.LeaderMessage(reclaim=fl_pb.Reclaim(request_ids=request_ids)))
-        log.warning(
-            "shard_lost",
-            shard_id=shard.shard_id,
-            reason=reason,
-            reclaimed=sum(len(r) for r in by_frontend.values()),
-        )
-        engine._await_workers()
+            reclaimed += self._forget(shard, worker_id, reason)
+        log.warning("shard_lost", shard_id=shard.shard_id, reason=reason, reclaimed=reclaimed)
+        self.engine._await_workers()
 
     def reclaimed(self, msg: fl_pb.SubmitRequest) -> None:
         """A front-end's answer to a Reclaim: the request goes on from the tokens it has, on

@@ -190,3 +190,34 @@ def test_a_step_carries_the_leaders_epoch_and_a_new_requests_real_id():
     assert step.epoch == 12 and step.new_requests[0].request_id == "req-a"
     assert decode_step(step).new_requests[0].request_id == str(handles.by_id["req-a"])
     assert encode_step(SchedulerOutput(step_id=2), handles).epoch == 0  # embedded: no etcd
+
+
+def test_a_request_id_placed_again_while_its_finish_is_in_flight_gets_a_handle_of_its_own():
+    """Pipelined steps: "a" finishes in step 2, is placed again (same id, a resubmission) in
+    step 3 before step 2's result is in. The new "a" must not share the retiring handle: the
+    release after step 2's result would take it from under it (or hand it to another request)."""
+    from common.convert import HandleTable, encode_step
+    from common.messages import NewRequestData, SamplingParams, SchedulerOutput
+
+    def new(rid: str) -> NewRequestData:
+        return NewRequestData(rid, [1, 2, 3], SamplingParams(), [0], 0)
+
+    handles = HandleTable()
+    step1 = encode_step(
+        SchedulerOutput(new_requests=[new("a")], num_scheduled_tokens={"a": 3}, step_id=1),
+        handles,
+        release=False,
+    )
+    old = step1.new_requests[0].handle
+    step2 = encode_step(SchedulerOutput(finished_req_ids={"a"}, step_id=2), handles, release=False)
+    assert list(step2.finished) == [old]
+    step3 = encode_step(
+        SchedulerOutput(new_requests=[new("a")], num_scheduled_tokens={"a": 3}, step_id=3),
+        handles,
+        release=False,
+    )
+    fresh = step3.new_requests[0].handle
+    assert fresh != old
+    handles.release_handles(step2.finished)  # step 2's result is in
+    assert handles.by_id["a"] == fresh and handles.by_handle[fresh] == "a"
+    assert old not in handles.by_handle and handles.assign("b") == old
