@@ -240,7 +240,12 @@ class WorkerLinkService(pb_grpc.WorkerLinkServicer):
             asyncio.create_task(transport.watchdog()),
         ]
         try:
-            await self.engine.run_worker(session)
+            try:
+                await self.engine.run_worker(session)
+            except Exception as exc:  # a bug of ours: said, and the worker's requests move on
+                log.exception("step_loop_failed", worker_id=worker_id)
+                session.mark_lost(f"the step loop failed: {type(exc).__name__}: {exc}")
+                raise
             if session.draining and not session.lost:
                 handed_back = self.engine.finish_drain(session)
                 drained = pb.Drained(
