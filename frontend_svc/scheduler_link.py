@@ -274,13 +274,25 @@ class SchedulerLink:
             kind = msg.WhichOneof("msg")
             if kind == "tokens":
                 now = time.monotonic()
-                for update in msg.tokens.updates:
+                batch = msg.tokens
+                if batch.next_request_ids:  # the columns first (frontend_link.proto)
+                    self._apply_next(batch, now)
+                for update in batch.updates:
                     self._apply(update, now)
             elif kind == "status":
                 self.status = msg.status
                 self.streams.set_stream_interval(msg.status.stream_interval)
             elif kind == "reclaim":
                 self._reclaim(msg.reclaim.request_ids)
+
+    def _apply_next(self, batch: pb.TokenBatch, now: float) -> None:
+        """One more token for each request of the columns; each goes on."""
+        apply = self.streams.apply
+        for request_id, start, token_id in zip(
+            batch.next_request_ids, batch.next_starts, batch.next_token_ids, strict=True
+        ):
+            if apply(request_id, start, [token_id], None, "", None, "", "", "", now):
+                self._cancel(request_id)
 
     def _apply(self, update: pb.RequestUpdate, now: float) -> None:
         logprobs = None

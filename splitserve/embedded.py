@@ -102,6 +102,11 @@ class InProcessScheduler:
             time.monotonic(),
         )
 
+    def add_next_token(self, request_id: str, start: int, token_id: int) -> bool:
+        return self.streams.apply(
+            request_id, start, [token_id], None, "", None, "", "", "", time.monotonic()
+        )
+
 
 def in_flight_record(state: ClientRequest, sink: InProcessScheduler) -> InFlightRequest:
     """The engine's record of a client request of this process."""

@@ -129,10 +129,16 @@ class RequestUpdate(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., start: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_generation_pb2.FinishReason, str]] = ..., stop_reason: _Optional[str] = ..., error: _Optional[str] = ..., error_code: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprob, _Mapping]]] = ..., worker_id: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
 
 class TokenBatch(_message.Message):
-    __slots__ = ("updates",)
+    __slots__ = ("updates", "next_request_ids", "next_starts", "next_token_ids")
     UPDATES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_STARTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     updates: _containers.RepeatedCompositeFieldContainer[RequestUpdate]
-    def __init__(self, updates: _Optional[_Iterable[_Union[RequestUpdate, _Mapping]]] = ...) -> None: ...
+    next_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    next_starts: _containers.RepeatedScalarFieldContainer[int]
+    next_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, updates: _Optional[_Iterable[_Union[RequestUpdate, _Mapping]]] = ..., next_request_ids: _Optional[_Iterable[str]] = ..., next_starts: _Optional[_Iterable[int]] = ..., next_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ClusterMember(_message.Message):
     __slots__ = ("kind", "id", "host", "pid", "role", "epoch", "state", "num_running", "kv_usage", "address", "num_requests", "kernels")

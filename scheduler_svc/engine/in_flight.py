@@ -38,6 +38,11 @@ class UpdateSink(Protocol):
         it as stopped. A sink that learns of stop strings later returns False and cancels."""
         ...
 
+    def add_next_token(self, request_id: str, start: int, token_id: int) -> bool:
+        """add_update of the usual news: one more token, the request goes on, on the worker
+        the sink was last told of."""
+        ...
+
 
 @dataclass(slots=True, eq=False)
 class InFlightRequest:
@@ -63,6 +68,7 @@ class InFlightRequest:
     wait_timer: asyncio.TimerHandle | None = None
     core: Request | None = None  # the core request, in the global queue or on a worker
     inflight_hashes: list[bytes] = field(default_factory=list)  # prefix announced to a worker
+    announced_worker: str = ""  # the worker its sink was last told of
     # n > 1: a sibling waits for this request's prompt to be computed (and cached), then
     # prefills only the partial last block (the engine parks it)
     prefill_after: str | None = None
@@ -112,6 +118,7 @@ class InFlightRequest:
             return False
         if finish_reason is not None:
             self.finish_reason = finish_reason
+        self.announced_worker = self.worker_id or ""
         stopped = self.sink.add_update(
             self.request_id,
             start,
@@ -119,7 +126,7 @@ class InFlightRequest:
             finish_reason,
             "" if stop_reason is None else str(stop_reason),
             logprobs,
-            worker_id=self.worker_id or "",
+            worker_id=self.announced_worker,
         )
         if stopped and self.finish_reason is None:
             self.finish_reason = FinishReason.STOP
@@ -135,7 +142,13 @@ class InFlightRequest:
         self.last_token_time = now
         if self.first_token_time is None:
             self.first_token_time = now
-        if self.sink.add_update(self.request_id, start, token_ids, worker_id=self.worker_id or ""):
+        worker_id = self.worker_id or ""
+        if worker_id == self.announced_worker:
+            stopped = self.sink.add_next_token(self.request_id, start, token_ids[0])
+        else:
+            self.announced_worker = worker_id
+            stopped = self.sink.add_update(self.request_id, start, token_ids, worker_id=worker_id)
+        if stopped:
             self.finish_reason = FinishReason.STOP
             return True
         return False

@@ -44,8 +44,15 @@ class FrontendSession:
         # messages, or LeaderMessages already serialized (relayed from a step shard)
         self.outbox: asyncio.Queue[pb.LeaderMessage | bytes | None] = asyncio.Queue()
         self._epoch = epoch
-        self._batch: pb.TokenBatch | None = None
+        self._batch: PackedBatch | None = None
         self.closed = False
+
+    def _open_batch(self) -> PackedBatch:
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = PackedBatch()
+            asyncio.get_running_loop().call_soon(self._flush)
+        return batch
 
     def add_update(
         self,
@@ -64,11 +71,7 @@ class FrontendSession:
         deliveries) leaves as one message. Stop strings are the front-end's: it cancels."""
         if self.closed:
             return False
-        if self._batch is None:
-            self._batch = pb.TokenBatch()
-            asyncio.get_running_loop().call_soon(self._flush)
-        add_update_to(
-            self._batch,
+        self._open_batch().add_update(
             request_id,
             start,
             token_ids,
@@ -84,6 +87,12 @@ class FrontendSession:
             self.request_ids.discard(request_id)
         return False
 
+    def add_next_token(self, request_id: str, start: int, token_id: int) -> bool:
+        """add_update for the usual news: one more token, the request goes on."""
+        if not self.closed:
+            self._open_batch().add_next_token(request_id, start, token_id)
+        return False
+
     def relay(self, token_batch: bytes) -> None:
         """A step shard's updates for this front-end, serialized there: passed on unread (a
         LeaderMessage written around the bytes), after whatever this process queued before."""
@@ -97,7 +106,9 @@ class FrontendSession:
     def _flush(self) -> None:
         batch, self._batch = self._batch, None
         if batch is not None and not self.closed:
-            self.outbox.put_nowait(pb.LeaderMessage(epoch=self._epoch(), tokens=batch))
+            message = pb.LeaderMessage(epoch=self._epoch())
+            batch.into(message.tokens)
+            self.outbox.put_nowait(message)
 
     def send(self, message: pb.LeaderMessage) -> None:
         if not self.closed:
@@ -107,6 +118,44 @@ class FrontendSession:
     def close(self) -> None:
         self.closed = True
         self.outbox.put_nowait(None)
+
+
+class PackedBatch:
+    """One front-end's news of one turn of the loop, being built: the usual one-more-token news
+    as plain lists (written as TokenBatch's columns at the end, in C), the rest as updates. A
+    request's news goes to the updates from its first update on, so that a receiver applying
+    the columns first sees each request's tokens in order."""
+
+    __slots__ = ("request_ids", "starts", "token_ids", "updates", "in_updates")
+
+    def __init__(self) -> None:
+        self.request_ids: list[str] = []
+        self.starts: list[int] = []
+        self.token_ids: list[int] = []
+        self.updates = pb.TokenBatch()
+        self.in_updates: set[str] = set()
+
+    def add_next_token(self, request_id: str, start: int, token_id: int) -> None:
+        if request_id in self.in_updates:
+            add_update_to(self.updates, request_id, start, [token_id])
+            return
+        self.request_ids.append(request_id)
+        self.starts.append(start)
+        self.token_ids.append(token_id)
+
+    def add_update(self, request_id: str, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        self.in_updates.add(request_id)
+        add_update_to(self.updates, request_id, *args, **kwargs)
+
+    def __bool__(self) -> bool:
+        return bool(self.request_ids) or bool(self.in_updates)
+
+    def into(self, batch: pb.TokenBatch) -> None:
+        """Write it all into `batch` (empty)."""
+        batch.CopyFrom(self.updates)
+        batch.next_request_ids.extend(self.request_ids)
+        batch.next_starts.extend(self.starts)
+        batch.next_token_ids.extend(self.token_ids)
 
 
 def _varint(value: int) -> bytes:

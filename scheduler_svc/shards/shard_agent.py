@@ -31,7 +31,7 @@ from scheduler_svc.core import CacheJournal, KVCacheManager, Request, SamplingPa
 from scheduler_svc.engine.in_flight import InFlightRequest, from_submit, to_submit
 from scheduler_svc.engine.serving_engine import ServingEngine
 from scheduler_svc.engine.worker_session import WorkerSession
-from scheduler_svc.links.frontend_link import add_update_to
+from scheduler_svc.links.frontend_link import PackedBatch
 from scheduler_svc.obs.engine_observer import EngineObserver
 
 log = get_logger("splitserve.shard")
@@ -45,7 +45,15 @@ class RelaySink:
     def __init__(self, agent: ShardAgent, frontend_id: str) -> None:
         self.agent = agent
         self.frontend_id = frontend_id
-        self.batch = fl_pb.TokenBatch()
+        self.batch: PackedBatch | None = None
+
+    def _open_batch(self) -> PackedBatch:
+        batch = self.batch
+        if batch is None:
+            batch = self.batch = PackedBatch()
+            self.agent.pending_tokens.append(self)
+            self.agent.soon()
+        return batch
 
     def add_update(
         self,
@@ -60,12 +68,7 @@ class RelaySink:
         worker_id: str = "",
         retry_after_s: float = 0.0,
     ) -> bool:
-        agent = self.agent
-        if not self.batch.updates:
-            agent.pending_tokens.append(self)
-            agent.soon()
-        add_update_to(
-            self.batch,
+        self._open_batch().add_update(
             request_id,
             start,
             token_ids,
@@ -78,8 +81,20 @@ class RelaySink:
             retry_after_s,
         )
         if start == 0 and token_ids:
-            agent.report.first_token.append(request_id)
+            self.agent.report.first_token.append(request_id)
         return False  # stop strings are the front-end's: it cancels through the leader
+
+    def add_next_token(self, request_id: str, start: int, token_id: int) -> bool:
+        self._open_batch().add_next_token(request_id, start, token_id)
+        return False
+
+    def take(self) -> bytes:
+        """The TokenBatch built since the last take, serialized."""
+        batch, self.batch = self.batch, None
+        packed = fl_pb.TokenBatch()
+        if batch is not None:
+            batch.into(packed)
+        return packed.SerializeToString()
 
 
 class ShardAgent(EngineObserver):
@@ -180,10 +195,7 @@ class ShardAgent(EngineObserver):
         self._flush_scheduled = False
         report = self.report
         for sink in self.pending_tokens:
-            report.tokens.add(
-                frontend_id=sink.frontend_id, token_batch=sink.batch.SerializeToString()
-            )
-            sink.batch.Clear()
+            report.tokens.add(frontend_id=sink.frontend_id, token_batch=sink.take())
         self.pending_tokens.clear()
         sessions = self.engine.sessions
         for worker_id in self.dirty_workers:
@@ -321,6 +333,6 @@ class ShardAgent(EngineObserver):
         self.report = pb.ShardReport()
         self.pending_tokens.clear()
         for sink in self.sinks.values():
-            sink.batch.Clear()
+            sink.batch = None
         if dropped:
             log.warning("shard_dropped_requests", reason=reason, dropped=len(dropped))

@@ -271,6 +271,7 @@ async def test_a_frontend_cannot_take_over_cancel_or_reprioritise_another_fronte
         assert deltas[-1].finish_reason == FinishReason.LENGTH
         assert not session.lost
         assert all(u.request_id != "victim" or u.error for m in seen for u in m.tokens.updates)
+        assert not any("victim" in m.tokens.next_request_ids for m in seen)  # no token either
     finally:
         call.cancel()
         await channel.close()
