@@ -158,7 +158,7 @@ def test_a_shard_killed_under_load_loses_no_token_and_its_worker_keeps_its_rows(
     sharded.start(2)
     with SplitserveClient(sharded.target, timeout=120) as client:
         wait_workers(client, 2)
-        runs = Streams(client, prompts(32, seed=12), 60).start()
+        runs = Streams(client, prompts(64, seed=12), 40).start()
         runs.wait_progress(0.3)
         sharded.shards[0].signal(signal.SIGKILL)
         runs.join()
