@@ -130,6 +130,19 @@ class ClientStreams:
             self.observer.on_request_finished(state)
         return stopped
 
+    def apply_next(self, request_id: str, start: int, token_id: int, now: float) -> bool:
+        """apply() for the usual news, one more token of a request that goes on, in order (the
+        hot path: once per request per step); anything else takes apply()."""
+        state = self.requests.get(request_id)
+        if state is None or start != len(state.output_token_ids):
+            return self.apply(request_id, start, [token_id], None, "", None, "", "", "", now)
+        stopped = state.push_token([token_id], now)
+        self.observer.on_tokens(state, 1, now)
+        if state.finished:
+            del self.requests[request_id]
+            self.observer.on_request_finished(state)
+        return stopped
+
     def fail(self, state: ClientRequest, sentence: str, code: str) -> None:
         self.requests.pop(state.request_id, None)
         state.fail(sentence, code)

@@ -287,11 +287,11 @@ class SchedulerLink:
 
     def _apply_next(self, batch: pb.TokenBatch, now: float) -> None:
         """One more token for each request of the columns; each goes on."""
-        apply = self.streams.apply
+        apply_next = self.streams.apply_next
         for request_id, start, token_id in zip(
             batch.next_request_ids, batch.next_starts, batch.next_token_ids, strict=True
         ):
-            if apply(request_id, start, [token_id], None, "", None, "", "", "", now):
+            if apply_next(request_id, start, token_id, now):
                 self._cancel(request_id)
 
     def _apply(self, update: pb.RequestUpdate, now: float) -> None:

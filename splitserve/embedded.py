@@ -103,9 +103,7 @@ class InProcessScheduler:
         )
 
     def add_next_token(self, request_id: str, start: int, token_id: int) -> bool:
-        return self.streams.apply(
-            request_id, start, [token_id], None, "", None, "", "", "", time.monotonic()
-        )
+        return self.streams.apply_next(request_id, start, token_id, time.monotonic())
 
 
 def in_flight_record(state: ClientRequest, sink: InProcessScheduler) -> InFlightRequest:
