@@ -8,7 +8,7 @@ from common.pb import frontend_link_pb2 as fl_pb
 
 def status_to_json(status: fl_pb.ClusterStatus) -> dict:
     """GET /cluster's body."""
-    groups: dict[str, list[dict]] = {"schedulers": [], "frontends": [], "workers": []}
+    groups: dict[str, list[dict]] = {"schedulers": [], "shards": [], "frontends": [], "workers": []}
     for m in status.members:
         entry: dict = {"id": m.id, "host": m.host, "pid": m.pid, "state": m.state}
         if m.kind == "scheduler":
@@ -17,6 +17,9 @@ def status_to_json(status: fl_pb.ClusterStatus) -> dict:
         elif m.kind == "frontend":
             entry |= {"address": m.address, "requests_in_flight": m.num_requests}
             groups["frontends"].append(entry)
+        elif m.kind == "shard":
+            entry |= {"address": m.address, "running": m.num_running}
+            groups["shards"].append(entry)
         else:
             entry |= {
                 "running": m.num_running,

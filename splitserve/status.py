@@ -44,6 +44,8 @@ def render(body: dict) -> str:
     for s in body["schedulers"]:
         detail = f"{s['role']}, epoch {s['epoch']}" if s["role"] == "leader" else s["role"]
         lines.append(_row("scheduler", s, detail))
+    for shard in body.get("shards", ()):
+        lines.append(_row("shard", shard, f"{shard['address']}, {shard['running']} running"))
     for f in body["frontends"]:
         lines.append(_row("frontend", f, f"{f['address']}, {f['requests_in_flight']} in flight"))
     for w in body["workers"]:

@@ -68,6 +68,7 @@ class ServingEngine:
         # workers of step shards (scheduler_svc/shards/): placed on exactly as local ones,
         # stepped by their shard's process
         self.remote_workers: dict[str, RemoteWorker] = {}
+        self.shard_links: dict[str, Any] = {}  # shard id -> its ShardSession (shards/)
         # on a step shard: where a request goes that lost its worker (back to the leader's
         # queue) instead of this engine's own queue
         self.requeue_to: Callable[[InFlightRequest, str], None] | None = None

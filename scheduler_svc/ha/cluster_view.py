@@ -20,6 +20,7 @@ class EngineView(Protocol):
     requests: dict[str, Any]
     frontends: dict[str, Any]
     remote_workers: dict[str, Any]  # on step shards
+    shard_links: dict[str, Any]
     num_finished: int
     pacer: Any
 
@@ -152,6 +153,16 @@ def cluster_status(
             kv_usage=stats.kv_usage,
             address=reg.address,
             kernels=reg.kernels,
+        )
+    for shard in engine.shard_links.values():
+        add(
+            kind="shard",
+            id=shard.shard_id,
+            host=shard.host,
+            pid=shard.pid,
+            state="connected",
+            address=shard.worker_address,
+            num_running=sum(w.num_running for w in shard.workers.values()),
         )
     for remote in engine.remote_workers.values():
         add(

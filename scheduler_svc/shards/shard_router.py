@@ -77,7 +77,7 @@ class ShardRouter:
     def __init__(self, engine: ServingEngine, epoch: Callable[[], int]) -> None:
         self.engine = engine
         self.epoch = epoch
-        self.shards: dict[str, ShardSession] = {}
+        self.shards: dict[str, ShardSession] = engine.shard_links  # /cluster lists them too
         self.reclaiming: dict[str, tuple[InFlightRequest, str]] = {}  # -> (state, its worker)
         # reclaimed requests waiting for their lost shard's worker to attach elsewhere
         self.awaiting_worker: dict[str, list[InFlightRequest]] = {}

@@ -116,3 +116,31 @@ def test_a_relayed_batch_arrives_as_the_leader_message_the_shard_packed():
         ("r2", 0, []),
     ]
     assert message.tokens.updates[1].error_code == "INTERNAL"
+
+
+def test_cluster_and_status_list_the_leaders_shards():
+    from common.cluster_json import status_to_json
+    from splitserve.status import render
+
+    status = pb.ClusterStatus()
+    status.server_info.model = "m"
+    status.members.add(kind="scheduler", id="s", role="leader", epoch=3, state="active")
+    status.members.add(
+        kind="shard", id="shard-0", host="h", pid=7, state="connected", address="h:1", num_running=5
+    )
+    status.members.add(
+        kind="worker", id="w0", state="active", num_running=5, address="shard shard-0"
+    )
+    body = status_to_json(status)
+    assert body["shards"] == [
+        {
+            "id": "shard-0",
+            "host": "h",
+            "pid": 7,
+            "state": "connected",
+            "address": "h:1",
+            "running": 5,
+        }
+    ]
+    assert [w["id"] for w in body["workers"]] == ["w0"]
+    assert "shard      shard-0" in render(body)
