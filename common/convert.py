@@ -120,11 +120,6 @@ class HandleTable:
                 del by_id[request_id]
             self.free.append(handle)
 
-    def release(self, request_id: str) -> None:
-        handle = self.by_id.get(request_id)
-        if handle is not None:
-            self.release_handles((handle,))
-
 
 def encode_step(
     out: SchedulerOutput,

@@ -31,28 +31,28 @@ HELLO_TIMEOUT_S = 30.0
 STATUS_INTERVAL_S = 1.0
 
 
-class FrontendSession:
-    """One front-end's stream as the engine sees it: where its requests' tokens go."""
+class PackedSink:
+    """An UpdateSink that packs its requests' news into one PackedBatch per turn of the loop.
+    Subclasses say what opening a batch starts (_batch_opened) and what each piece of news
+    means to them (_noted)."""
 
-    def __init__(self, hello: pb.FrontendHello, epoch: Callable[[], int]) -> None:
-        self.frontend_id = hello.frontend_id
-        self.host = hello.host
-        self.pid = hello.pid
-        self.http_address = hello.http_address
-        self.grpc_address = hello.grpc_address
-        self.request_ids: set[str] = set()
-        # messages, or LeaderMessages already serialized (relayed from a step shard)
-        self.outbox: asyncio.Queue[pb.LeaderMessage | bytes | None] = asyncio.Queue()
-        self._epoch = epoch
+    closed = False
+
+    def __init__(self) -> None:
         self._batch: PackedBatch | None = None
-        self.closed = False
 
     def _open_batch(self) -> PackedBatch:
         batch = self._batch
         if batch is None:
             batch = self._batch = PackedBatch()
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._batch_opened()
         return batch
+
+    def _batch_opened(self) -> None:
+        """A turn's first news: arrange for the batch to leave."""
+
+    def _noted(self, request_id: str, start: int, token_ids: list[int], finished: bool) -> None:
+        """After an update (not after add_next_token's usual news)."""
 
     def add_update(
         self,
@@ -83,8 +83,7 @@ class FrontendSession:
             worker_id,
             retry_after_s,
         )
-        if finish_reason is not None:
-            self.request_ids.discard(request_id)
+        self._noted(request_id, start, token_ids, finish_reason is not None)
         return False
 
     def add_next_token(self, request_id: str, start: int, token_id: int) -> bool:
@@ -92,6 +91,34 @@ class FrontendSession:
         if not self.closed:
             self._open_batch().add_next_token(request_id, start, token_id)
         return False
+
+    def take_batch(self) -> PackedBatch | None:
+        batch, self._batch = self._batch, None
+        return batch
+
+
+class FrontendSession(PackedSink):
+    """One front-end's stream as the engine sees it: where its requests' tokens go."""
+
+    def __init__(self, hello: pb.FrontendHello, epoch: Callable[[], int]) -> None:
+        super().__init__()
+        self.frontend_id = hello.frontend_id
+        self.host = hello.host
+        self.pid = hello.pid
+        self.http_address = hello.http_address
+        self.grpc_address = hello.grpc_address
+        self.request_ids: set[str] = set()
+        # messages, or LeaderMessages already serialized (relayed from a step shard)
+        self.outbox: asyncio.Queue[pb.LeaderMessage | bytes | None] = asyncio.Queue()
+        self._epoch = epoch
+        self.closed = False
+
+    def _batch_opened(self) -> None:
+        asyncio.get_running_loop().call_soon(self._flush)
+
+    def _noted(self, request_id: str, start: int, token_ids: list[int], finished: bool) -> None:
+        if finished:
+            self.request_ids.discard(request_id)
 
     def relay(self, token_batch: bytes) -> None:
         """A step shard's updates for this front-end, serialized there: passed on unread (a
@@ -104,7 +131,7 @@ class FrontendSession:
         )
 
     def _flush(self) -> None:
-        batch, self._batch = self._batch, None
+        batch = self.take_batch()
         if batch is not None and not self.closed:
             message = pb.LeaderMessage(epoch=self._epoch())
             batch.into(message.tokens)

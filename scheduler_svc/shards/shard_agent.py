@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import grpc
 
-from common.convert import FINISH_TO_PB, TokenLogprobs
+from common.convert import FINISH_TO_PB
 from common.logging import get_logger
 from common.outcomes import FinishReason, RequestRejected
 from common.pb import frontend_link_pb2 as fl_pb
@@ -31,7 +31,7 @@ from scheduler_svc.core import CacheJournal, KVCacheManager, Request, SamplingPa
 from scheduler_svc.engine.in_flight import InFlightRequest, from_submit, to_submit
 from scheduler_svc.engine.serving_engine import ServingEngine
 from scheduler_svc.engine.worker_session import WorkerSession
-from scheduler_svc.links.frontend_link import PackedBatch
+from scheduler_svc.links.frontend_link import PackedSink
 from scheduler_svc.obs.engine_observer import EngineObserver
 
 log = get_logger("splitserve.shard")
@@ -39,58 +39,25 @@ RETRY_S = 0.5
 HELD_KEEP_S = 10.0  # rows a worker brought along wait this long for their requests
 
 
-class RelaySink:
+class RelaySink(PackedSink):
     """Where a shard's requests from one front-end send their news: into the next report."""
 
     def __init__(self, agent: ShardAgent, frontend_id: str) -> None:
+        super().__init__()
         self.agent = agent
         self.frontend_id = frontend_id
-        self.batch: PackedBatch | None = None
 
-    def _open_batch(self) -> PackedBatch:
-        batch = self.batch
-        if batch is None:
-            batch = self.batch = PackedBatch()
-            self.agent.pending_tokens.append(self)
-            self.agent.soon()
-        return batch
+    def _batch_opened(self) -> None:
+        self.agent.pending_tokens.append(self)
+        self.agent.soon()
 
-    def add_update(
-        self,
-        request_id: str,
-        start: int,
-        token_ids: list[int],
-        finish_reason: FinishReason | None = None,
-        stop_reason: str = "",
-        logprobs: list[TokenLogprobs] | None = None,
-        error: str = "",
-        error_code: str = "",
-        worker_id: str = "",
-        retry_after_s: float = 0.0,
-    ) -> bool:
-        self._open_batch().add_update(
-            request_id,
-            start,
-            token_ids,
-            finish_reason,
-            stop_reason,
-            logprobs,
-            error,
-            error_code,
-            worker_id,
-            retry_after_s,
-        )
+    def _noted(self, request_id: str, start: int, token_ids: list[int], finished: bool) -> None:
         if start == 0 and token_ids:
             self.agent.report.first_token.append(request_id)
-        return False  # stop strings are the front-end's: it cancels through the leader
-
-    def add_next_token(self, request_id: str, start: int, token_id: int) -> bool:
-        self._open_batch().add_next_token(request_id, start, token_id)
-        return False
 
     def take(self) -> bytes:
         """The TokenBatch built since the last take, serialized."""
-        batch, self.batch = self.batch, None
+        batch = self.take_batch()
         packed = fl_pb.TokenBatch()
         if batch is not None:
             batch.into(packed)
@@ -201,7 +168,7 @@ class ShardAgent(EngineObserver):
         for worker_id in self.dirty_workers:
             session = sessions.get(worker_id)
             if session is not None:
-                self._describe(session, report.workers.add(), self.engine._held)
+                self._describe(session, report.workers.add())
         self.dirty_workers.clear()
         for worker_id in self.gone_workers:
             report.workers.add(worker_id=worker_id, state="gone")
@@ -210,8 +177,7 @@ class ShardAgent(EngineObserver):
         if self.outbox is not None and report.ByteSize():
             self.outbox.put_nowait(pb.ShardMessage(report=report))
 
-    @staticmethod
-    def _describe(session: WorkerSession, into: pb.ShardWorker, engine_held: dict) -> None:
+    def _describe(self, session: WorkerSession, into: pb.ShardWorker) -> None:
         sched = session.scheduler
         cfg = sched.config
         pool = sched.kv.pool
@@ -231,7 +197,9 @@ class ShardAgent(EngineObserver):
         journal = pool.journal
         if journal is not None:
             if journal.reset:  # its first report here
-                into.held_request_ids.extend(r for r, (s, _) in engine_held.items() if s is session)
+                into.held_request_ids.extend(
+                    r for r, (s, _) in self.engine._held.items() if s is session
+                )
             added, removed, reset = journal.take()
             into.cached_added.extend(added)
             into.cached_removed.extend(removed)
@@ -333,6 +301,6 @@ class ShardAgent(EngineObserver):
         self.report = pb.ShardReport()
         self.pending_tokens.clear()
         for sink in self.sinks.values():
-            sink.batch = None
+            sink.take_batch()
         if dropped:
             log.warning("shard_dropped_requests", reason=reason, dropped=len(dropped))

@@ -40,7 +40,12 @@ REHOME_WAIT_S = 3.0
 class ShardSession:
     """One connected shard: the commands for it, and its workers."""
 
-    def __init__(self, hello: pb.ShardHello, epoch: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        hello: pb.ShardHello,
+        epoch: Callable[[], int],
+        on_assign: Callable[[InFlightRequest], None],
+    ) -> None:
         self.shard_id = hello.shard_id
         self.host = hello.host
         self.pid = hello.pid
@@ -48,11 +53,11 @@ class ShardSession:
         self.workers: dict[str, RemoteWorker] = {}
         self.outbox: asyncio.Queue[pb.ShardCommand | None] = asyncio.Queue()
         self._epoch = epoch
-        self.policy_accounts: Callable[[InFlightRequest], None] = lambda state: None
+        self._on_assign = on_assign  # fair share: the leader charges what it places
 
     def assign(self, worker_id: str, state: object) -> None:
         assert isinstance(state, InFlightRequest)
-        self.policy_accounts(state)
+        self._on_assign(state)
         self.outbox.put_nowait(
             pb.ShardCommand(
                 epoch=self._epoch(),
@@ -294,8 +299,7 @@ class ShardLinkService(pb_grpc.ShardLinkServicer):
                 "the first message on a shard link must be ShardHello",
             )
         router = self.router
-        shard = ShardSession(first.hello, router.epoch)
-        shard.policy_accounts = router.charge
+        shard = ShardSession(first.hello, router.epoch, router.charge)
         old = router.shards.get(shard.shard_id)
         if old is not None:
             old.close()
