@@ -61,6 +61,7 @@ class NewRequestData:
     num_computed_tokens: int  # prefix-cache hit: tokens whose KV is already in block_ids
     # tokens generated before (migration or re-send); appended after the prompt
     output_token_ids: list[int] = field(default_factory=list)
+    lora_name: str = ""  # the LoRA adapter the request runs with; "" = the base model
 
 
 @dataclass(slots=True)

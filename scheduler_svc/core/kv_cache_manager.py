@@ -11,6 +11,7 @@ the last known token is always computed (the model must run on at least one toke
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Container, Sequence
 
 from scheduler_svc.core.block_pool import (
@@ -298,9 +299,15 @@ def count_prefix_blocks(
     return count
 
 
+def adapter_hash_seed(lora_name: str) -> BlockHash | None:
+    """The parent hash of a request's first block: the same tokens under another LoRA adapter
+    have other K/V, so they must not hit each other's blocks (the base model's stays None)."""
+    return hashlib.sha256(b"lora\0" + lora_name.encode()).digest() if lora_name else None
+
+
 def request_block_hashes(request: Request, block_size: int, num_blocks: int) -> list[BlockHash]:
     """The chained hashes of the request's first ``num_blocks`` full blocks (memoised on
-    the request; tokens at known positions never change)."""
+    the request; tokens at known positions never change), seeded by its adapter."""
     bs = block_size
     hashes = request.block_hashes
     if request.block_hashes_block_size != bs:
@@ -309,7 +316,7 @@ def request_block_hashes(request: Request, block_size: int, num_blocks: int) -> 
     if len(hashes) < num_blocks:
         prompt, output = request.prompt_token_ids, request.output_token_ids
         num_prompt = len(prompt)
-        parent = hashes[-1] if hashes else None
+        parent = hashes[-1] if hashes else adapter_hash_seed(request.lora_name)
         for i in range(len(hashes), num_blocks):
             start, end = i * bs, (i + 1) * bs
             if end <= num_prompt:

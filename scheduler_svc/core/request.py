@@ -38,6 +38,7 @@ class Request:
     tpot_target_s: float | None = None  # mean seconds between its output tokens, at most
     # tokens generated before this scheduler saw the request (migration from a lost worker)
     output_token_ids: list[int] = field(default_factory=list)
+    lora_name: str = ""  # the LoRA adapter it runs with; "" = the base model
 
     # progress, owned by the scheduler
     status: RequestStatus = RequestStatus.WAITING
@@ -50,6 +51,7 @@ class Request:
     # scheduler bookkeeping (added with the scheduler core; callers leave these alone)
     max_computed_tokens: int = 0  # high-water mark of computed tokens (recompute accounting)
     admitted_step: int = -1  # step in which it was last admitted (stale-output detection)
+    lora_skipped_steps: int = 0  # steps skipped since its last admission: no adapter slot free
     # tokens scheduled to be sampled whose values have not come back yet (async scheduling:
     # step N+1 is scheduled before step N returns; the worker knows its own sampled tokens)
     num_output_placeholders: int = 0

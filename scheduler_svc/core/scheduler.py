@@ -26,6 +26,7 @@ from scheduler_svc.core.adoption import Adopter
 from scheduler_svc.core.draft_tracking import DraftTracker
 from scheduler_svc.core.errors import RequestRejected, SchedulerConfigError
 from scheduler_svc.core.kv_cache_manager import KVCacheManager
+from scheduler_svc.core.lora_slots import AdapterBook, check_adapter
 from scheduler_svc.core.output_processing import OutputProcessor
 from scheduler_svc.core.outputs import RequestOutput
 from scheduler_svc.core.policy import create_policy
@@ -78,6 +79,7 @@ class Scheduler:
         # next token would need more KV than the whole pool holds (it could never run alone)
         self._length_limit = min(config.max_model_len, config.kv_capacity_tokens + 1)
         self._counters = SchedulerCounters()
+        self._adapters = AdapterBook()  # requests with a LoRA adapter, for stats()
         self._worker_view = WorkerView()
         self._draft_tracker = DraftTracker(config.speculative, config.worker_costs)
         self._cost = PreemptionCostModel(
@@ -104,6 +106,7 @@ class Scheduler:
             swapped=self.swapped,
             worker_view=self._worker_view,
             counters=self._counters,
+            adapters=self._adapters,
         )
         self._shedder = Shedder(
             policy=self.policy,
@@ -141,6 +144,7 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         """Queue a request. Raises RequestRejected (with a sentence) if it can never run."""
         validate_request(request, self.config)
+        check_adapter(request, self.config.max_loras)
         rid = request.request_id
         if rid in self._running_by_id or rid in self.waiting or rid in self.swapped:
             raise RequestRejected(f"request id {rid!r} is already in flight; use a unique id")
@@ -149,6 +153,7 @@ class Scheduler:
         request.finish_reason = None
         request.stop_reason = None
         self.waiting.add(request)
+        self._adapters.note(request, self.get_num_unfinished_requests())
 
     def adopt_request(
         self, request: Request, block_ids: list[int], num_computed_tokens: int
@@ -163,7 +168,9 @@ class Scheduler:
         RequestRejected when the request could never run here, ValueError (changing nothing)
         when the running set is full (max_num_seqs), the id is already here, or the table
         cannot hold those tokens here."""
+        check_adapter(request, self.config.max_loras)
         self._adopter.adopt(request, block_ids, num_computed_tokens, self._counters.num_steps)
+        self._adapters.note(request, self.get_num_unfinished_requests())
 
     def abort_request(self, request_id: str) -> bool:
         """Abort in any state; its blocks are freed and its id is reported in the next
@@ -385,4 +392,5 @@ class Scheduler:
             num_running=len(self.running),
             num_waiting=len(self.waiting),
             num_swapped=len(self.swapped),
+            loras=self._adapters.counts(self._running_by_id, self.waiting, self.swapped),
         )

@@ -41,6 +41,11 @@ class SchedulerConfig:
     policy_options: dict[str, Any] = field(default_factory=dict)
     worker_costs: WorkerCosts | None = None  # measured by the worker; None = unknown
     speculative: SpeculativeConfig | None = None  # draft tokens for decodes (speculative.py)
+    # distinct LoRA adapters among the running requests, at most (0 = this worker runs none)
+    max_loras: int = 0
+    # a request kept out this many steps for want of an adapter slot stops other adapters'
+    # admissions behind it (lora_slots.py)
+    lora_starvation_steps: int = 32
 
     def __post_init__(self) -> None:
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
@@ -52,6 +57,8 @@ class SchedulerConfig:
         _non_negative_int("num_host_blocks", self.num_host_blocks)
         _non_negative_int("long_prefill_token_threshold", self.long_prefill_token_threshold)
         _non_negative_int("auto_swap_min_tokens", self.auto_swap_min_tokens)
+        _non_negative_int("max_loras", self.max_loras)
+        _non_negative_int("lora_starvation_steps", self.lora_starvation_steps)
         w = self.watermark
         if (
             isinstance(w, bool)

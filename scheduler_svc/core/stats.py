@@ -72,6 +72,9 @@ class SchedulerStats:
     spec_accepted_per_pos: list[int] = field(default_factory=list)  # accepted at draft i
     spec_draft_time_s: float = 0.0  # seconds schedule() spent proposing drafts
     num_spec_lookups: int = 0  # proposals asked for (a request in a step it could draft in)
+    # LoRA: requests per adapter name, running now, and waiting (queued or swapped out) here
+    running_loras: dict[str, int] = field(default_factory=dict)
+    waiting_loras: dict[str, int] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Any:
         if name not in _FIELD_NAMES:
@@ -96,6 +99,7 @@ def collect_stats(
     num_running: int,
     num_waiting: int,
     num_swapped: int,
+    loras: tuple[dict[str, int], dict[str, int]],  # running_loras, waiting_loras
 ) -> SchedulerStats:
     pool = kv.pool
     queries = counters.prefix_cache_queries
@@ -130,4 +134,6 @@ def collect_stats(
         spec_accepted_per_pos=list(spec.accepted_per_pos),
         spec_draft_time_s=spec.draft_time_s,
         num_spec_lookups=spec.lookups,
+        running_loras=loras[0],
+        waiting_loras=loras[1],
     )

@@ -4,13 +4,15 @@ Runs only in a step that preempted nothing. A waiting request whose reason not t
 own (chunked prefill off and its prompt does not fit the budget left) is skipped and keeps its
 place; one that fails block allocation (the pool is full, watermark kept) ends admission for
 the step. A request the policy holds back (``policy.admits``: goodput keeps requests off the
-worker that would cost deadlines) is skipped the same way. Admitted requests start at
-their prefix-cache hit (whole blocks, free of budget).
+worker that would cost deadlines) is skipped the same way, and so is a waiting or swapped
+request whose LoRA adapter finds no slot, or whom a starving adapter keeps back (lora_slots.py).
+Admitted requests start at their prefix-cache hit (whole blocks, free of budget).
 """
 
 from __future__ import annotations
 
 from scheduler_svc.core.kv_cache_manager import KVCacheManager
+from scheduler_svc.core.lora_slots import AdapterBook, StepAdapterSlots, has_slot
 from scheduler_svc.core.request import Request, RequestStatus
 from scheduler_svc.core.request_queue import RequestQueue
 from scheduler_svc.core.scheduler_config import SchedulerConfig
@@ -33,6 +35,7 @@ class WaitingAdmitter:
         swapped: RequestQueue,
         worker_view: WorkerView,
         counters: SchedulerCounters,
+        adapters: AdapterBook,
     ) -> None:
         self.config = config
         self.kv = kv
@@ -42,6 +45,8 @@ class WaitingAdmitter:
         self.swapped = swapped
         self.worker_view = worker_view
         self.counters = counters
+        self.adapters = adapters
+        self._slots: StepAdapterSlots | None = None  # this step's, once an adapter is met
         self.block_size = config.block_size
         self.caching = config.enable_prefix_caching
         self.threshold = config.long_prefill_token_threshold if config.enable_chunked_prefill else 0
@@ -49,7 +54,9 @@ class WaitingAdmitter:
 
     def swapped_head_admitted(self) -> bool:
         head = self.swapped.peek()
-        return head is not None and self.swapped.policy.admits(head)
+        if head is None or not self.swapped.policy.admits(head):
+            return False
+        return not head.lora_name or has_slot(head, self.running, self.config.max_loras)
 
     def has_seat(self, head: Request) -> bool:
         """Admission would find a seat, the policy's consent and the blocks of its first step
@@ -57,6 +64,8 @@ class WaitingAdmitter:
         error, it only unseats a request that can no longer count)."""
         cfg = self.config
         if len(self.running) >= cfg.max_num_seqs or not self.waiting.policy.admits(head):
+            return False
+        if head.lora_name and not has_slot(head, self.running, cfg.max_loras):
             return False
         if self.swapped and self.swapped_head_admitted():
             return False  # the swapped request resumes first
@@ -74,12 +83,16 @@ class WaitingAdmitter:
         swapped, running = self.swapped, self.running
         threshold = self.threshold
         admits = swapped.policy.admits
+        skipped: list[Request] = []
         budget = step.budget
         while budget > 0 and len(running) < cfg.max_num_seqs and swapped:
             req = swapped.peek()
             assert req is not None
             if not admits(req):
                 break  # held back (goodput: a request unseated while hopeless); waiting goes on
+            if req.lora_name and not self._adapter_slots(step).admits(req):
+                skipped.append(swapped.pop())  # no slot for its adapter: the next one may go
+                continue
             c = req.num_computed_tokens
             total = req.num_tokens + req.num_output_placeholders
             n = total - c
@@ -99,6 +112,8 @@ class WaitingAdmitter:
             rid = req.request_id
             step.swap_in += pairs
             self.counters.num_swap_ins += 1
+            if req.lora_name:
+                self._took_adapter(req, step)
             req.status = _RUNNING
             req.admitted_step = step.step_id
             running.append(req)
@@ -118,6 +133,8 @@ class WaitingAdmitter:
             if n == 1 and c + 1 == total and req.output_token_ids:
                 step.num_decode += 1
         step.budget = budget
+        for req in reversed(skipped):
+            swapped.prepend(req)
 
     def admit_waiting(self, step: StepState) -> None:
         cfg = self.config
@@ -141,7 +158,9 @@ class WaitingAdmitter:
                 if len(skipped) >= max_skips:
                     break
                 continue
-            if not admits(req):  # held back by the policy this step: keeps its place
+            if not admits(req) or (  # held back by the policy this step: keeps its place
+                req.lora_name and not self._adapter_slots(step).admits(req)
+            ):  # ... or by its adapter (no slot, or another adapter is starving)
                 skipped.append(req)
                 if len(skipped) >= max_skips:
                     break
@@ -167,10 +186,26 @@ class WaitingAdmitter:
                 skipped.append(req)  # the pool is full: stop admitting for this step
                 break
             self._admit(req, n, num_hit, total, step)
+            if req.lora_name:
+                self._took_adapter(req, step)
             budget -= n
             step.budget = budget
         for req in reversed(skipped):
             waiting.prepend(req)
+
+    def _adapter_slots(self, step: StepState) -> StepAdapterSlots:
+        slots = self._slots
+        if slots is None or slots.step_id != step.step_id:
+            cfg = self.config
+            slots = self._slots = StepAdapterSlots(
+                step.step_id, cfg.max_loras, cfg.lora_starvation_steps, self.running
+            )
+        return slots
+
+    def _took_adapter(self, req: Request, step: StepState) -> None:
+        self._adapter_slots(step).took(req)
+        unfinished = len(self.running) + len(self.waiting) + len(self.swapped)
+        self.adapters.note(req, unfinished)
 
     def _admit(self, req: Request, n: int, num_hit: int, total: int, step: StepState) -> None:
         rid = req.request_id

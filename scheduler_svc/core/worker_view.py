@@ -18,7 +18,7 @@ def new_request_data(
     request: Request, block_ids: list[int], num_computed_tokens: int
 ) -> NewRequestData:
     """The diff entry that gives the worker a row: the request's prompt, sampling params, block
-    table, how many tokens its KV holds already, and its output so far."""
+    table, how many tokens its KV holds already, its output so far and its adapter."""
     return NewRequestData(
         request.request_id,
         request.prompt_token_ids,
@@ -26,6 +26,7 @@ def new_request_data(
         block_ids,
         num_computed_tokens,
         list(request.output_token_ids),
+        lora_name=request.lora_name,
     )
 
 

@@ -1,8 +1,10 @@
 """Which worker each request goes to, and when: the head of the global queue is handed out
 just in time, to workers (local, or on a step shard) whose local queue has room, chosen by the
 rows they hold for it, by cached prefix and load (placement.py); a request that outranks one
-waiting in a full local queue goes ahead of it. On a step shard, the leader's placements land
-here (place)."""
+waiting in a full local queue goes ahead of it. A request with a LoRA adapter goes only to a
+worker that runs adapters: while those are full it keeps its place and the requests behind it
+go on; where no worker runs adapters it fails with a sentence. On a step shard, the leader's
+placements land here (place)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ if TYPE_CHECKING:
 
 log = get_logger("splitserve.engine")
 PRIORITY_POLICIES = ("priority", "priority-aging")  # the ones that order by request.priority
+# adapter requests one dispatch passes over while their workers are full (bounds its work)
+MAX_ADAPTER_SKIPS = 64
 
 
 class Dispatcher:
@@ -32,7 +36,8 @@ class Dispatcher:
         if engine.rebuilding:
             return
         depth = engine.config.worker_queue_depth
-        while engine.waiting:
+        skipped: list[Request] = []  # adapter requests whose workers are all full
+        while engine.waiting and len(skipped) < MAX_ADAPTER_SKIPS:
             targets = (*engine.sessions.values(), *engine.remote_workers.values())
             eligible: list[WorkerSession | RemoteWorker] = [
                 # each within its own rows (the smaller of ours and the worker's)
@@ -43,15 +48,33 @@ class Dispatcher:
             if not eligible:
                 eligible = self._ahead_of_lower_priority(targets, depth)
                 if not eligible:
-                    return
+                    break
             request = engine.waiting.pop()
             state = engine.requests[request.request_id]
             holder = next((s for s in eligible if request.request_id in s.held_request_ids), None)
             if holder is not None:  # its rows are there: it continues on them
                 choice = placement.Placement(holder, "held", 0, holder.load)
             else:
+                if request.lora_name:
+                    eligible = [s for s in eligible if placement.runs_adapter(s, request)]
+                    if not eligible:
+                        if any(s.accepting and placement.runs_adapter(s, request) for s in targets):
+                            skipped.append(request)
+                        else:
+                            self._reject_adapter(state, request)
+                        continue
                 choice = placement.choose(request, eligible, engine.placement)
             self.assign(state, request, choice)
+        for request in reversed(skipped):
+            engine.waiting.prepend(request)
+
+    def _reject_adapter(self, state: InFlightRequest, request: Request) -> None:
+        state.fail(
+            f"request {request.request_id!r} asks for LoRA adapter {request.lora_name!r} but no "
+            "worker runs LoRA adapters (start workers with adapter slots, or send it without one)",
+            code="INVALID_ARGUMENT",
+        )
+        self.engine._end(state)
 
     def _ahead_of_lower_priority(
         self, targets: tuple[WorkerSession | RemoteWorker, ...], depth: int

@@ -1,5 +1,12 @@
 """Which worker a waiting request goes to: the longest cached prefix, unless that worker is
-much busier than the least-loaded one (then the least-loaded)."""
+much busier than the least-loaded one (then the least-loaded).
+
+A request with a LoRA adapter goes only to a worker that runs adapters (max_loras > 0): to one
+with its adapter resident, unless all such are much busier than the least-loaded; else to
+one with a free adapter slot that is not much busier, so that a hot adapter spreads once its
+workers are busy; else to the least-loaded (an adapter is swapped out there). Among these, a
+cached prefix still counts: block hashes are seeded by the adapter, so only a prefix computed
+under the same adapter is a hit."""
 
 from __future__ import annotations
 
@@ -24,7 +31,7 @@ class PlacementConfig:
 @dataclass(slots=True)
 class Placement:
     session: WorkerSession | RemoteWorker
-    reason: str  # prefix | least_loaded | only_worker
+    reason: str  # prefix | least_loaded | only_worker | lora | lora_free_slot (and the engine's)
     prefix_tokens: int
     load: int
 
@@ -35,9 +42,28 @@ def prefix_tokens(session: WorkerSession | RemoteWorker, request: Request) -> in
     return session.cached_prefix_blocks(request) * session.block_size
 
 
+def runs_adapter(session: WorkerSession | RemoteWorker, request: Request) -> bool:
+    """Whether the worker can run the request at all as far as adapters go: it has adapter
+    slots and has read the request's adapter."""
+    name = request.lora_name
+    return not name or (session.max_loras > 0 and name in session.available_loras)
+
+
+def much_busier(
+    session: WorkerSession | RemoteWorker, least: WorkerSession | RemoteWorker, cfg: PlacementConfig
+) -> bool:
+    return (
+        session.load - least.load > cfg.balance_abs and session.load > cfg.balance_rel * least.load
+    )
+
+
 def choose(
     request: Request, eligible: list[WorkerSession | RemoteWorker], cfg: PlacementConfig
 ) -> Placement:
+    """The worker for ``request`` among ``eligible``; with an adapter, among those of them that
+    run adapters (ValueError when none does: the dispatcher filters first)."""
+    if request.lora_name:
+        return _choose_for_adapter(request, [s for s in eligible if runs_adapter(s, request)], cfg)
     least = min(eligible, key=lambda s: s.load)
     if len(eligible) == 1:
         return Placement(least, "only_worker", prefix_tokens(least, request), least.load)
@@ -46,12 +72,28 @@ def choose(
         hit = prefix_tokens(session, request)
         if hit > best_hit or (hit == best_hit and session.load < best.load):
             best, best_hit = session, hit
-    much_busier = (
-        best.load - least.load > cfg.balance_abs and best.load > cfg.balance_rel * least.load
-    )
-    if best_hit >= cfg.min_prefix_tokens and not much_busier:
+    if best_hit >= cfg.min_prefix_tokens and not much_busier(best, least, cfg):
         return Placement(best, "prefix", best_hit, best.load)
     return Placement(least, "least_loaded", prefix_tokens(least, request), least.load)
+
+
+def _choose_for_adapter(
+    request: Request, capable: list[WorkerSession | RemoteWorker], cfg: PlacementConfig
+) -> Placement:
+    if not capable:
+        raise ValueError(f"no eligible worker runs LoRA adapters for {request.request_id!r}")
+    least = min(capable, key=lambda s: s.load)
+    if len(capable) == 1:
+        return Placement(least, "only_worker", prefix_tokens(least, request), least.load)
+    name = request.lora_name
+    near = [s for s in capable if not much_busier(s, least, cfg)]
+    resident = [s for s in near if name in s.resident_loras]
+    free_slot = [s for s in near if len(s.resident_loras) < s.max_loras]
+    reason = "lora" if resident else "lora_free_slot" if free_slot else "least_loaded"
+    hits = [(prefix_tokens(s, request), s) for s in resident or free_slot or near]
+    # a prefix too short to steer for counts as none: then the least loaded of them
+    hit, best = max(hits, key=lambda h: (h[0] if h[0] >= cfg.min_prefix_tokens else 0, -h[1].load))
+    return Placement(best, reason, hit, best.load)
 
 
 def add_inflight(session: WorkerSession | RemoteWorker, hashes: list[bytes]) -> None:

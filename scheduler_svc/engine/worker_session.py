@@ -85,6 +85,12 @@ class WorkerRegistration:
     # own (worker_limits.py), as with max_model_len
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 0
+    # LoRA: adapter slots on its device (0: it serves none), the largest rank it takes, the
+    # adapters it has read (LoraAdapter: name, path, rank) and those in its slots now
+    max_loras: int = 0
+    max_lora_rank: int = 0
+    loras: list = field(default_factory=list)
+    resident_loras: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True, eq=False)
@@ -105,6 +111,9 @@ class WorkerSession:
     total_worker_step_s: float = 0.0
     total_worker_idle_s: float = 0.0
     attached_at: float = field(default_factory=time.monotonic)
+    max_loras: int = 0  # LoRA adapter slots, from its registration (0 = it runs no adapters)
+    resident_loras: set[str] = field(default_factory=set)  # adapters in its slots, as reported
+    available_loras: set[str] = field(default_factory=set)  # adapters it has read (can run)
 
     @property
     def worker_id(self) -> str:

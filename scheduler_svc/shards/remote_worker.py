@@ -37,6 +37,9 @@ class RemoteWorker:
     inflight_hashes: Counter = field(default_factory=Counter)  # prefixes on their way there
     cached: set[BlockHash] = field(default_factory=set)  # its prefix cache, as reported
     held_request_ids: set[str] = field(default_factory=set)  # rows it brought from a lost shard
+    max_loras: int = 0  # LoRA adapter slots, from its registration (0 = it runs no adapters)
+    resident_loras: set[str] = field(default_factory=set)  # adapters in its slots, as reported
+    available_loras: set[str] = field(default_factory=set)  # adapters it has read (can run)
 
     @property
     def load(self) -> int:
