@@ -94,8 +94,45 @@ class DeviceOptions:
     )
 
 
+@config_group("LoRA")
+class LoraOptions:
+    """Multi-LoRA serving (worker_svc/lora): PEFT adapters, each request running its own or none."""
+
+    max_loras: int = opt(
+        0,
+        "LoRA adapters held on the device at once (the most one step may use); 0: LoRA off, "
+        "and a request naming an adapter is an error",
+    )
+    max_lora_rank: int = opt(16, "largest adapter rank accepted (the slots are this wide)")
+    max_cpu_loras: int | None = opt(
+        None,
+        "adapters kept in host memory (least recently used dropped, then read from disk again "
+        "when needed); default and least: max_loras",
+    )
+    lora_modules: str = opt(
+        "",
+        "adapters loaded at start: comma-separated NAME=PATH pairs, each a PEFT LoRA directory "
+        "(adapter_config.json + adapter_model.safetensors)",
+    )
+
+    def lora_module_pairs(self) -> list[tuple[str, str]]:
+        """lora_modules as (name, path) pairs; ValueError where one is malformed."""
+        pairs = []
+        for item in filter(None, (i.strip() for i in self.lora_modules.split(","))):
+            name, sep, path = (part.strip() for part in item.partition("="))
+            if not sep or not name or not path:
+                raise ValueError(f"lora_modules item {item!r} is not NAME=PATH")
+            pairs.append((name, path))
+        names = [name for name, _ in pairs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"lora_modules names an adapter twice: {self.lora_modules!r}")
+        return pairs
+
+
 @dataclass(slots=True)
-class ModelRunnerConfig(ModelSource, ModelOptions, KvCacheOptions, WorkerCapacity, DeviceOptions):
+class ModelRunnerConfig(
+    ModelSource, ModelOptions, KvCacheOptions, WorkerCapacity, DeviceOptions, LoraOptions
+):
     def __post_init__(self) -> None:
         if self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
@@ -112,3 +149,11 @@ class ModelRunnerConfig(ModelSource, ModelOptions, KvCacheOptions, WorkerCapacit
             raise ValueError(f"unknown kernels {self.kernels!r}")
         if self.quantization not in ("none", "int8"):
             raise ValueError(f"unknown quantization {self.quantization!r}")
+        if self.max_loras < 0 or self.max_lora_rank <= 0:
+            raise ValueError("max_loras must not be negative and max_lora_rank must be positive")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras={self.max_cpu_loras} must be at least max_loras={self.max_loras}"
+            )
+        if self.lora_module_pairs() and not self.max_loras:
+            raise ValueError("lora_modules needs max_loras > 0 (LoRA is off at 0)")

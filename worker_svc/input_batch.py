@@ -3,7 +3,7 @@
 Rows live in preallocated numpy arrays (token ids, counters, block table, sampling parameters),
 so a step reads the scheduled rows with fancy indexing and an unchanged row costs nothing.
 A preempted request leaves its row but keeps its state (tokens, sampling params, generator,
-penalty counts) here until it is resumed or finished.
+penalty counts, LoRA adapter) here until it is resumed or finished.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class RequestState:
     saved_token_ids: np.ndarray | None = None  # the tokens while preempted
     prompt_mask: torch.Tensor | None = None  # [V] bool, only with penalties
     output_counts: torch.Tensor | None = None  # [V] float, only with penalties
+    lora_name: str = ""  # the LoRA adapter the request runs with; "" = the base model
 
 
 def _has_penalties(p: SamplingParams) -> bool:
@@ -66,6 +67,7 @@ class InputBatch:
         self.row_state: list[RequestState | None] = [None] * rows
         self.free_rows = list(range(rows - 1, -1, -1))  # pop() hands out low rows first
         self.states: dict[str, RequestState] = {}
+        self.num_lora_rows = 0  # rows whose request runs a LoRA adapter
 
     # --- diff application ---
 
@@ -77,6 +79,7 @@ class InputBatch:
         params: SamplingParams,
         block_ids: Sequence[int],
         num_computed: int,
+        lora_name: str = "",
     ) -> None:
         """A new request (or one re-sent in full, which replaces what was known of it)."""
         self.remove(req_id)
@@ -85,7 +88,7 @@ class InputBatch:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        state = RequestState(req_id, len(prompt_token_ids), params, generator)
+        state = RequestState(req_id, len(prompt_token_ids), params, generator, lora_name=lora_name)
         tokens = np.asarray([*prompt_token_ids, *output_token_ids], dtype=np.int64)
         self.states[req_id] = state
         self._place(state, tokens, block_ids, num_computed)
@@ -145,6 +148,10 @@ class InputBatch:
         if row is None:
             raise KeyError(f"request {req_id!r} is preempted; it needs a resumed entry first")
         return row
+
+    def lora_names(self, rows: np.ndarray) -> list[str]:
+        """Each row's LoRA adapter ("" = the base model)."""
+        return [self.row_state[r].lora_name for r in rows.tolist()]
 
     def clear(self) -> None:
         for req_id in list(self.states):
@@ -255,6 +262,7 @@ class InputBatch:
         row = self.free_rows.pop()
         state.row = row
         self.row_state[row] = state
+        self.num_lora_rows += bool(state.lora_name)
         self.token_ids[row, :n] = tokens
         self.num_tokens[row] = n
         self.num_computed[row] = num_computed
@@ -282,6 +290,7 @@ class InputBatch:
         row = state.row
         assert row is not None
         self.row_state[row] = None
+        self.num_lora_rows -= bool(state.lora_name)
         self.block_table[row] = 0  # stale ids past a row's length are gathered (and masked)
         self.num_blocks[row] = 0
         self.free_rows.append(row)

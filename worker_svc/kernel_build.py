@@ -1,8 +1,8 @@
 """Compile the worker's CPU kernels (worker_svc/csrc/: paged attention, packed GEMM, fused
-elementwise ops) into one library: for this CPU's level (worker_svc/cpu_caps.py; -march=native
-unless SPLITSERVE_CPU_LEVEL caps it, at a worker's first start) or for portable x86-64 levels
-ahead of time (images without a compiler). Standard library only, so an image build script can
-run it on the host:
+elementwise ops, the LoRA product) into one library: for this CPU's level (worker_svc/cpu_caps.py;
+-march=native unless SPLITSERVE_CPU_LEVEL caps it, at a worker's first start) or for portable
+x86-64 levels ahead of time (images without a compiler). Standard library only, so an image
+build script can run it on the host:
 
     python3 -m worker_svc.kernel_build --prebuild worker_svc/prebuilt_kernels
 """
@@ -35,6 +35,7 @@ SOURCES = tuple(
         "amx_gemm.c",
         "decode_stack.c",
         "token_mask.c",
+        "lora.c",
     )
 )
 HEADERS = (

@@ -8,7 +8,8 @@ explicit positions): decodes first, sorted by context length (attention groups t
 prefill chunks. The model implementation (worker_svc.model, over the op table the config's
 `kernels` selects: worker_svc.ops) runs it and returns the logits of the last token of each
 request that samples; the sampler picks the tokens. Transformers loads the weights (and is the
-tests' oracle); its forward never runs here.
+tests' oracle); its forward never runs here. Requests may run LoRA adapters (worker_svc.lora):
+`load_lora` registers one (from any thread), each request's `lora_name` picks its own.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ from common.messages import SchedulerOutput
 from common.model_source import resolve_model
 from common.tokenizer import load_tokenizer
 from worker_svc import cpu_caps, decode_stack, spec_decode, token_mask
-from worker_svc.config import GiB, ModelRunnerConfig
+from worker_svc import runner_sizing as sizing
+from worker_svc.config import ModelRunnerConfig
 from worker_svc.cost_probe import time_throwaway_prefill
 from worker_svc.cuda_graphs import DecodeGraphs
 from worker_svc.host_memory import keep_freed_memory
 from worker_svc.input_batch import InputBatch
 from worker_svc.kv_cache import KVCache, bytes_per_block
+from worker_svc.lora import BaseShapes, LoraAdapters, LoraInfo
 from worker_svc.model import CausalLM
 from worker_svc.model_loader import load_model, resolve_device, resolve_dtype
 from worker_svc.native_attention import PagedDecodeKernel
@@ -67,8 +70,9 @@ class ModelRunner:
         hf_model = load_model(self.source, self.dtype, self.device)
         self.model = CausalLM.from_hf(hf_model, self.ops)
         mc = hf_model.config.get_text_config()
-        self._max_model_len = self._resolve_max_model_len(mc)
-        self._eos_token_id = self._resolve_eos(hf_model)
+        lora_base = BaseShapes.of(hf_model, self.model.spec.num_layers)
+        self._max_model_len = sizing.max_model_len(mc, config.max_model_len)
+        self._eos_token_id = sizing.eos_token_id(hf_model)
         del hf_model  # the model implementation holds what it needs (packed copies, on native)
         self.load_time_s = time.perf_counter() - started
         spec = self.model.spec
@@ -76,7 +80,7 @@ class ModelRunner:
         num_layers, kv_heads, head_dim = spec.num_layers, spec.num_kv_heads, spec.head_dim
 
         per_block = bytes_per_block(num_layers, config.block_size, kv_heads, head_dim, self.dtype)
-        num_blocks = config.num_gpu_blocks or self._kv_budget() // per_block
+        num_blocks = config.num_gpu_blocks or sizing.kv_budget(config, self.device) // per_block
         num_host = config.num_host_blocks or config.swap_space // per_block
         self.kv_cache = KVCache(
             num_layers=num_layers,
@@ -119,6 +123,11 @@ class ModelRunner:
         self.structured = StructuredOutputs(
             lambda: load_tokenizer(self.source), self._vocab_size, self._eos_token_id
         )
+        self.loras = LoraAdapters(
+            config.max_loras, config.max_lora_rank, config.max_cpu_loras, lora_base, self.device
+        )
+        for name, path in config.lora_module_pairs():
+            self.load_lora(name, path)
         log.info(
             "model %s loaded in %.1f s on %s/%s: %d KV blocks of %d, %d host blocks; kernels: %s",
             self.source.name,
@@ -215,6 +224,20 @@ class ModelRunner:
         log.info("warmed up: a %d-token prefill in %.2f s", n, seconds)
         return n
 
+    # --- LoRA adapters (worker_svc/lora/adapters.py says what each does) ---
+
+    def load_lora(self, name: str, path: str) -> LoraInfo:
+        return self.loras.load(name, path)  # any thread; LoraLoadError where it cannot serve
+
+    def unload_lora(self, name: str) -> bool:
+        return self.loras.unload(name)
+
+    def lora_adapters(self) -> list[LoraInfo]:
+        return self.loras.adapters()
+
+    def resident_loras(self) -> list[str]:
+        return self.loras.resident()
+
     # --- the step ---
 
     def reset(self) -> None:
@@ -239,9 +262,10 @@ class ModelRunner:
             if inputs.graph_step is not None:
                 logits = self.decode_graphs.run(*inputs.graph_step)
             else:
-                logits = self.model(
-                    inputs.input_ids, inputs.positions, inputs.logits_index, inputs.meta
-                )
+                args = (inputs.input_ids, inputs.positions, inputs.logits_index, inputs.meta)
+                if inputs.adapters is not None:
+                    args += (self.loras.step(inputs.adapters, inputs.num_scheduled),)
+                logits = self.model(*args)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             forwarded = time.perf_counter()
@@ -335,9 +359,11 @@ class ModelRunner:
 
     def _update_states(self, so: SchedulerOutput) -> None:
         batch, structured = self.batch, self.structured
+        self.loras.check_requests(new.lora_name for new in so.new_requests)
         for req_id in so.finished_req_ids:
             batch.remove(req_id)
             structured.remove(req_id)
+        self.loras.collect(lambda: {state.lora_name for state in batch.states.values()})
         for req_id in so.preempted_req_ids:
             batch.preempt(req_id)
         for new in so.new_requests:
@@ -348,6 +374,7 @@ class ModelRunner:
                 new.sampling_params,
                 new.block_ids,
                 new.num_computed_tokens,
+                new.lora_name,
             )
             structured.add(new.request_id, new.sampling_params.structured, new.output_token_ids)
         for cached in so.cached_requests:
@@ -363,38 +390,3 @@ class ModelRunner:
             else:
                 batch.append_blocks(cached.request_id, cached.new_block_ids)
                 batch.set_num_computed(cached.request_id, cached.num_computed_tokens)
-
-    # --- sizing ---
-
-    def _resolve_max_model_len(self, mc) -> int:
-        limit = int(getattr(mc, "max_position_embeddings", 0) or 0) or None
-        window = getattr(mc, "sliding_window", None)
-        if window and getattr(mc, "use_sliding_window", True):
-            # paged attention here attends to the whole context: stay within the window
-            limit = min(limit or window, int(window))
-        wanted = self.config.max_model_len
-        if wanted is None:
-            if limit is None:
-                raise ValueError("the model states no max_position_embeddings: set max_model_len")
-            return limit
-        if limit is not None and wanted > limit:
-            raise ValueError(f"max_model_len={wanted} > the model's limit {limit}")
-        return wanted
-
-    @staticmethod
-    def _resolve_eos(hf_model) -> int | None:
-        gen = getattr(hf_model, "generation_config", None)
-        eos = getattr(gen, "eos_token_id", None)
-        if eos is None:
-            eos = getattr(hf_model.config, "eos_token_id", None)
-        if isinstance(eos, list | tuple):
-            eos = eos[0] if eos else None
-        return None if eos is None else int(eos)
-
-    def _kv_budget(self) -> int:
-        if self.config.kv_cache_memory is not None:
-            return self.config.kv_cache_memory
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            return free // 2
-        return GiB

@@ -5,7 +5,8 @@ Every scheduled token of every request in one packed sequence: decodes first, so
 length (attention groups them), then prefill chunks; each token's position and cache slot; the
 rows whose logits are wanted (the last token of each request that samples, every position of a
 request with drafts); the attention metadata built once for all layers; or, where a CUDA graph
-takes the step (pure decode, every row sampling), the plain arrays its replay copies in.
+takes the step (pure decode, every row sampling, no LoRA adapter), the plain arrays its replay
+copies in.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class StepInputs:
     # speculative decoding: per packed request its drafts ([] none); logits_index then covers
     # every position of a request with drafts (1 + k rows) and one of any other that samples
     drafts: list[list[int]] | None = None
+    # per packed request its LoRA adapter ("" none); None where no row of the step runs one
+    adapters: list[str] | None = None
 
 
 class RunnerParts(Protocol):
@@ -101,6 +104,9 @@ def prepare_inputs(runner: RunnerParts, so: SchedulerOutput) -> StepInputs:
     req_ids = [req_ids[i] for i in order.tolist()]
     if drafts is not None:
         drafts = [drafts[i] for i in order.tolist()]
+    adapters = batch.lora_names(rows) if batch.num_lora_rows else None
+    if adapters is not None and not any(adapters):
+        adapters = None
 
     ends = np.cumsum(n)
     token_req = np.repeat(np.arange(len(rows)), n)
@@ -121,6 +127,7 @@ def prepare_inputs(runner: RunnerParts, so: SchedulerOutput) -> StepInputs:
     graphs = runner.decode_graphs
     if (
         graphs is not None
+        and adapters is None
         and len(decodes) == len(rows)
         and sample_mask.all()
         and graphs.bucket(len(rows), max_blocks) is not None
@@ -169,4 +176,5 @@ def prepare_inputs(runner: RunnerParts, so: SchedulerOutput) -> StepInputs:
         logits_index=torch.from_numpy(logits_index).to(dev, non_blocking=True),
         meta=meta,
         drafts=drafts,
+        adapters=adapters,
     )

@@ -17,12 +17,16 @@ scheduled token of every request, with its position and its cache slot in `meta`
 and the logits are lm_head(norm(x += delta)) at the rows that sample. Pure-decode steps may run
 as one call where the backend offers one (`decode_step`: the native decode stack on the CPU, a
 captured CUDA graph on a GPU), built from these same layers.
+
+A step whose rows run LoRA adapters (`lora`, worker_svc/lora) runs the layer loop, each
+projection's output plus its rows' adapter deltas: q, k, v; o_proj; gate and up before the
+SiLU; down_proj. A step without any is the path above, untouched.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +34,9 @@ import torch.nn.functional as F
 from worker_svc.attention import AttentionMetadata, paged_attention
 from worker_svc.model.spec import ModelSpec, spec_of
 from worker_svc.ops.reference import Linear, ReferenceOps
+
+if TYPE_CHECKING:
+    from worker_svc.lora import StepLora
 
 
 @dataclass(slots=True)
@@ -112,12 +119,13 @@ class CausalLM:
         positions: torch.Tensor,  # [T]
         logits_index: torch.Tensor,  # [S] the rows whose logits are wanted
         meta: AttentionMetadata,
+        lora: StepLora | None = None,
     ) -> torch.Tensor:
         """Logits [S, vocab] (the caller holds inference mode)."""
         ops, spec = self.ops, self.spec
         x = F.embedding(input_ids, self.embed_tokens)  # [T, hidden]: the residual stream
         cos, sin = ops.rotary_tables(positions, self.inv_freq, spec.rope_scaling)
-        if self.decode_step is not None:
+        if self.decode_step is not None and lora is None:
             h = self.decode_step(x, cos, sin, meta)
             if h is not None:
                 return self.lm_head(h[logits_index])
@@ -130,6 +138,8 @@ class CausalLM:
                 else ops.add_rms_norm_(x, delta, layer.input_norm, eps)
             )
             q, k, v = layer.qkv(h)
+            if lora is not None:
+                ops.add_lora_(h, (q, k, v), lora.layers[layer.index]["qkv"], lora)
             q = q.view(tokens, spec.num_heads, spec.head_dim)
             k = k.view(tokens, spec.num_kv_heads, spec.head_dim)
             v = v.view(tokens, spec.num_kv_heads, spec.head_dim)
@@ -146,10 +156,28 @@ class CausalLM:
                 meta,
                 spec.scale,
             )
-            h = ops.add_rms_norm_(x, layer.o_proj(o), layer.post_norm, eps)
-            delta = layer.down_proj(layer.gated(h))
+            if lora is None:
+                h = ops.add_rms_norm_(x, layer.o_proj(o), layer.post_norm, eps)
+                delta = layer.down_proj(layer.gated(h))
+            else:
+                h = ops.add_rms_norm_(x, self._lora_o_proj(layer, o, lora), layer.post_norm, eps)
+                delta = self._lora_mlp(layer, h, lora)
         h = ops.add_rms_norm_(x, delta, self.final_norm, eps)
         return self.lm_head(h[logits_index])
+
+    def _lora_o_proj(self, layer: DecoderLayer, o: torch.Tensor, lora: StepLora) -> torch.Tensor:
+        out = layer.o_proj(o)
+        self.ops.add_lora_(o, (out,), lora.layers[layer.index]["o"], lora)
+        return out
+
+    def _lora_mlp(self, layer: DecoderLayer, h: torch.Tensor, lora: StepLora) -> torch.Tensor:
+        sites = lora.layers[layer.index]
+        gate, up = layer.gated.pre_activations(h)
+        self.ops.add_lora_(h, (gate, up), sites["gate_up"], lora)
+        product = layer.gated.activate(gate, up)
+        out = layer.down_proj(product)
+        self.ops.add_lora_(product, (out,), sites["down"], lora)
+        return out
 
 
 def _w(module: torch.nn.Module) -> torch.Tensor:

@@ -10,8 +10,12 @@ the prefill one in AVX-512 builds, SDPA per chunk elsewhere).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from worker_svc import fused_ops, native_attention, packed_gemm, quantization
+from worker_svc.lora import native_lora
+from worker_svc.lora.adapter_slots import SiteSlots
+from worker_svc.lora.step_lora import StepLora
 from worker_svc.ops import native_linear
 from worker_svc.ops.native_linear import AMX_MAX_ROWS, AmxLinear
 from worker_svc.ops.reference import Linear, ReferenceOps, SplitLinear
@@ -49,9 +53,18 @@ class NativeGatedProduct:
             if x.stride(-1) != 1:
                 x = x.contiguous()
             return self.amx.gate_up_silu(x, self.gate_up_packed, self.intermediate)
-        gate, up = self.gate(x), self.up(x)
+        return self.activate(self.gate(x), self.up(x))
+
+    def pre_activations(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """gate(x) and up(x), before the SiLU (where LoRA adds its deltas)."""
+        if self.amx is not None:  # the AMX packing is the fused pair's: the plain weights here
+            gate, up = self.gate, self.up
+            return F.linear(x, gate.weight, gate.bias), F.linear(x, up.weight, up.bias)
+        return self.gate(x), self.up(x)
+
+    def activate(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         if self._ops is None or gate.dtype not in fused_ops.DTYPES:
-            return torch.nn.functional.silu(gate) * up
+            return F.silu(gate) * up
         return self._ops.silu_mul_(gate.contiguous(), up.contiguous())
 
 
@@ -64,6 +77,7 @@ class NativeOps(ReferenceOps):
         self.quantization = quantization_method
         self.linear_kind = native_linear.linear_kind(dtype, quantization_method)
         self.fused = fused_ops.load() if dtype in fused_ops.DTYPES else None
+        self.lora_kernel = native_lora.load()
 
     def bind_cache(self, cache: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int):
         kernel = native_attention.load()
@@ -124,3 +138,10 @@ class NativeOps(ReferenceOps):
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor | None:
         return None if self.fused is None else self.fused.argmax(logits)
+
+    def add_lora_(
+        self, x: torch.Tensor, outs: tuple[torch.Tensor, ...], site: SiteSlots, step: StepLora
+    ) -> None:
+        if self.lora_kernel is None or not self.lora_kernel.takes(x, outs):
+            return super().add_lora_(x, outs, site, step)
+        self.lora_kernel.add_(x, outs, site, step)

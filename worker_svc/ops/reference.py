@@ -13,6 +13,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from worker_svc.lora import lora_ops
+from worker_svc.lora.adapter_slots import SiteSlots
+from worker_svc.lora.step_lora import StepLora
 from worker_svc.native_attention import PagedDecodeKernel
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
@@ -47,7 +50,14 @@ class GatedProduct:
         self.gate_up, self.intermediate = gate_up, intermediate
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activate(*self.pre_activations(x))
+
+    def pre_activations(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """gate(x) and up(x), before the SiLU (where LoRA adds its deltas)."""
         gate, up = self.gate_up(x).split(self.intermediate, dim=-1)
+        return gate, up
+
+    def activate(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return F.silu(gate) * up
 
 
@@ -108,6 +118,12 @@ class ReferenceOps:
     def argmax(self, logits: torch.Tensor) -> torch.Tensor | None:
         """A native row-wise argmax where there is one; None: the sampler uses torch's."""
         return None
+
+    def add_lora_(
+        self, x: torch.Tensor, outs: tuple[torch.Tensor, ...], site: SiteSlots, step: StepLora
+    ) -> None:
+        """outs (one site's projections of x, in place) += each token's adapter's deltas."""
+        lora_ops.add_lora_(x, outs, site, step)
 
 
 def _joined(
