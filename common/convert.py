@@ -156,6 +156,7 @@ def encode_step(
                 num_scheduled_tokens=sched.get(new.request_id, 0),
                 output_token_ids=new.output_token_ids,
                 request_id=new.request_id,
+                lora_name=new.lora_name,
             )
         )
     by_id = handles.by_id
@@ -331,6 +332,7 @@ def decode_step(step: worker_link_pb2.Step) -> SchedulerOutput:
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 output_token_ids=list(new.output_token_ids),
+                lora_name=new.lora_name,
             )
         )
         if new.num_scheduled_tokens:

@@ -47,6 +47,15 @@ class PriorityChangeError(Exception):
         self.code = code
 
 
+class LoraAdapterError(Exception):
+    """Why a LoRA adapter could not be loaded or unloaded; ``code`` is a grpc.StatusCode name
+    (INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, FAILED_PRECONDITION, UNAVAILABLE)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def error_code(exc: RequestRejected) -> str:
     """The gRPC status name a rejection maps to."""
     return getattr(exc, "code", "INVALID_ARGUMENT")

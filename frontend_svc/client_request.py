@@ -153,6 +153,7 @@ class ClientRequest:
     stream_interval: int = 1  # 1 for a request that asked for logprobs
     held_token_ids: list[int] = field(default_factory=list)
     held_texts: list[str] = field(default_factory=list)
+    lora_name: str = ""  # the LoRA adapter the request runs with; "" = the base model
 
     @property
     def finished(self) -> bool:

@@ -53,6 +53,20 @@ class SchedulerClient(Protocol):
         """The scheduler's ServerInfo; None while no scheduler answers."""
         ...
 
+    def lora_adapters(self) -> list[gen_pb.LoraAdapter]:
+        """The LoRA adapters requests may name as their model (as last heard)."""
+        ...
+
+    async def load_lora_adapter(self, name: str, path: str) -> gen_pb.LoraAdapter:
+        """Load an adapter on the workers; raises LoraAdapterError (a gRPC status name and a
+        sentence)."""
+        ...
+
+    async def unload_lora_adapter(self, name: str) -> int:
+        """Forget an adapter; returns the requests with it still in flight (they finish);
+        raises LoraAdapterError."""
+        ...
+
     def live_workers(self) -> list[str]:
         """Workers that take new requests (for /ready)."""
         ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import Callable, Collection
 from dataclasses import replace
 
 from common import structured
@@ -71,6 +72,8 @@ class Intake:
         self.max_model_len = max_model_len
         self.vocab_size = tokenizer.vocab_size
         self.length_bound = tokenizer.length_bound()  # None: no check before tokenizing
+        # the LoRA adapters requests may name as their model (the leader's, as last heard)
+        self.lora_names: Callable[[], Collection[str]] = tuple
         self._ll_tokenizer = None  # llguidance's view of the tokenizer, on first use
 
     def check_structured(self, params) -> None:
@@ -97,12 +100,18 @@ class Intake:
         except structured.InvalidConstraint as exc:
             raise FieldRejected(field, str(exc)) from None
 
-    def check_model(self, model: str) -> None:
-        if model and model not in self.aliases:
-            raise FieldRejected(
-                "model",
-                f"unknown model {model!r}; this server serves {self.model_name!r}",
-            )
+    def check_model(self, model: str) -> str:
+        """The LoRA adapter `model` names ("" for the base model or none named); FieldRejected
+        when it names neither."""
+        if not model or model in self.aliases:
+            return ""
+        adapters = self.lora_names()
+        if model in adapters:
+            return model
+        served = f"{self.model_name!r}"
+        if adapters:
+            served += " and the adapters " + ", ".join(repr(a) for a in sorted(adapters))
+        raise FieldRejected("model", f"unknown model {model!r}; this server serves {served}")
 
     def prompt_from_proto(self, request: gen_pb.GenerateRequest) -> list[int]:
         kind = request.WhichOneof("input")
@@ -189,7 +198,7 @@ class Intake:
         return room if default is None else min(default, room)
 
     def build(self, request: gen_pb.GenerateRequest) -> ClientRequest:
-        self.check_model(request.model)
+        lora_name = self.check_model(request.model)
         if len(request.request_id) > MAX_REQUEST_ID_LEN:
             raise FieldRejected(
                 "request_id", f"request_id is longer than {MAX_REQUEST_ID_LEN} characters"
@@ -205,7 +214,7 @@ class Intake:
         prompt = self.prompt_from_proto(request)
         asked = request.sampling.max_tokens if request.sampling.HasField("max_tokens") else None
         params.max_tokens = self.max_tokens_for(len(prompt), asked, params.max_tokens)
-        return self.make_state(
+        state = self.make_state(
             request_id=request.request_id or uuid.uuid4().hex,
             prompt=prompt,
             params=params,
@@ -217,6 +226,8 @@ class Intake:
             ttft_target_s=request.ttft_target_s,
             tpot_target_s=request.tpot_target_s,
         )
+        state.lora_name = lora_name
+        return state
 
     def build_group(self, request: gen_pb.GenerateRequest) -> list[ClientRequest]:
         """The request's n samples (see siblings); one state for n = 0 or 1."""
@@ -251,6 +262,7 @@ class Intake:
             )
             sibling.deadline = first.deadline
             sibling.prefill_after = first.request_id
+            sibling.lora_name = first.lora_name
             group.append(sibling)
         return group
 

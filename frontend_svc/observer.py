@@ -19,7 +19,8 @@ class ModelServerCollector(Collector):
     cluster's load as of the leader's last status, the numbers scheduler_svc/obs/worker_collector.py
     (model_server_metrics) emits on the leader. Every front-end reaches the same workers, so
     all report the same; the leader places requests on workers. Nothing while no leader is
-    connected. No LoRA: vllm:lora_requests_info with empty adapter lists and max_lora 0."""
+    connected. vllm:lora_requests_info: the most adapter slots of a worker, the adapters of the
+    running and of the waiting requests."""
 
     def __init__(self, model_name: str, server_info: Callable[[], Any]) -> None:
         self.model_name = model_name
@@ -54,10 +55,11 @@ class ModelServerCollector(Collector):
             yield family
         lora = GaugeMetricFamily(
             "vllm:lora_requests_info",
-            "LoRA adapters running and waiting (none: splitserve serves no LoRA adapters)",
+            "LoRA adapters of the running and of the waiting requests",
             labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
         )
-        lora.add_metric(["0", "", ""], time.time())
+        running, waiting = info.running_lora_adapters, info.waiting_lora_adapters
+        lora.add_metric([str(info.max_loras), ",".join(running), ",".join(waiting)], time.time())
         yield lora
 
 

@@ -24,7 +24,7 @@ import grpc
 from common.convert import FINISH_FROM_PB, TokenLogprobs, sampling_to_proto
 from common.link_auth import FRONTEND_ID_METADATA
 from common.logging import get_logger
-from common.outcomes import PriorityChangeError
+from common.outcomes import LoraAdapterError, PriorityChangeError
 from common.pb import frontend_link_pb2 as pb
 from common.pb import frontend_link_pb2_grpc as pb_grpc
 from common.pb import generation_pb2 as gen_pb
@@ -37,6 +37,7 @@ from frontend_svc.observer import FrontendObserver
 log = get_logger("splitserve.frontend")
 
 HELLO_ACK_TIMEOUT_S = 10.0
+LORA_CALL_TIMEOUT_S = 150.0  # the leader waits up to 120 s for its workers to read an adapter
 
 
 @dataclass(slots=True)
@@ -116,6 +117,41 @@ class SchedulerLink:
                 )
             except grpc.aio.AioRpcError as exc:
                 raise PriorityChangeError(exc.code().name, exc.details()) from None
+
+    def lora_adapters(self) -> list[gen_pb.LoraAdapter]:
+        status = self.status
+        return [] if status is None else list(status.server_info.loras)
+
+    async def load_lora_adapter(self, name: str, path: str) -> gen_pb.LoraAdapter:
+        request = pb.LoadLoraAdapterRequest(lora_name=name, lora_path=path)
+        adapter = await self._lora_call("LoadLoraAdapter", request)
+        if self.status is not None:  # served here at once, not from the next status on
+            self.status.server_info.loras.append(adapter)
+        return adapter
+
+    async def unload_lora_adapter(self, name: str) -> int:
+        request = pb.UnloadLoraAdapterRequest(lora_name=name)
+        in_flight = (await self._lora_call("UnloadLoraAdapter", request)).num_in_flight
+        if self.status is not None:
+            loras = self.status.server_info.loras
+            kept = [a for a in loras if a.name != name]
+            del loras[:]
+            loras.extend(kept)
+        return in_flight
+
+    async def _lora_call(self, method: str, request):
+        if not self.connected.is_set():
+            raise LoraAdapterError("UNAVAILABLE", self._outage_sentence())
+        async with self.tls.channel(self.leader_address) as channel:
+            call = getattr(pb_grpc.FrontendLinkStub(channel), method)
+            try:
+                return await call(
+                    request,
+                    timeout=LORA_CALL_TIMEOUT_S,
+                    metadata=((FRONTEND_ID_METADATA, self.identity.frontend_id),),
+                )
+            except grpc.aio.AioRpcError as exc:
+                raise LoraAdapterError(exc.code().name, exc.details()) from None
 
     def server_info(self, max_model_len: int) -> gen_pb.ServerInfo | None:
         """The leader's ServerInfo as of its last status; None while no leader answers."""
@@ -336,6 +372,7 @@ class SchedulerLink:
             prefill_after=state.prefill_after or "",
             ttft_target_s=state.ttft_target_s or 0.0,
             tpot_target_s=state.tpot_target_s or 0.0,
+            lora_name=state.lora_name,
         )
 
     def _reclaim(self, request_ids) -> None:

@@ -70,6 +70,16 @@ class InProcessScheduler:
     async def change_priority(self, request_id: str, priority: int) -> None:
         set_priority(self.engine, request_id, priority)
 
+    def lora_adapters(self) -> list:
+        return [cluster_view.lora_message(a) for a in self.engine.loras.describe()]
+
+    async def load_lora_adapter(self, name: str, path: str):
+        adapter = await self.engine.loras.load(name, path)
+        return cluster_view.lora_message(adapter)
+
+    async def unload_lora_adapter(self, name: str) -> int:
+        return self.engine.loras.unload(name)
+
     def server_info(self, max_model_len: int):
         return cluster_view.server_info(self.engine, max_model_len)
 
@@ -123,4 +133,5 @@ def in_flight_record(state: ClientRequest, sink: InProcessScheduler) -> InFlight
         output_token_ids=list(state.output_token_ids),
         num_migrations=state.num_migrations,
         prefill_after=state.prefill_after,
+        lora_name=state.lora_name,
     )

@@ -27,6 +27,7 @@ from common.link_auth import PlaintextRefused, scheduler_channel
 from common.logging import get_logger
 from common.pb import worker_link_pb2 as pb
 from common.pb import worker_link_pb2_grpc as pb_grpc
+from worker_svc.link_lora import LoraCommands
 
 log = get_logger("splitserve.worker")
 
@@ -85,6 +86,7 @@ class WorkerLinkClient:
         self._held: list[pb.HeldRequest] = []  # rows when the last link broke, for Register
         self._session_steps = 0
         self._wake = threading.Event()  # ends a reconnect wait early (stop, switch)
+        self.loras = LoraCommands(runner)  # LoRA adapters: read, dropped, reported
         # --scheduler A,B,...: step shards; A is this worker's, the others take it (and the
         # rows it holds) when A refuses
         self._addresses = [a.strip() for a in cfg.scheduler.split(",") if a.strip()]
@@ -104,6 +106,10 @@ class WorkerLinkClient:
             max_model_len=r.max_model_len,
             max_num_seqs=getattr(limits, "max_num_seqs", 0),
             max_num_batched_tokens=getattr(limits, "max_num_batched_tokens", 0),
+            max_loras=getattr(limits, "max_loras", 0),
+            max_lora_rank=getattr(limits, "max_lora_rank", 0),
+            loras=self.loras.adapters(),
+            resident_loras=self.loras.resident,
             vocab_size=r.vocab_size,
             eos_token_id=-1 if eos is None else eos,
             device=str(getattr(r, "device", "")),
@@ -311,6 +317,8 @@ class WorkerLinkClient:
                             break
                         self._session_steps += 1
                         outbox.put(pb.WorkerMessage(step_result=self._execute(msg.step)))
+                    elif kind == "lora_command":
+                        self.loras.handle(msg.lora_command, outbox)
                     elif kind == "drained":
                         log.info(
                             "drained",
@@ -364,6 +372,7 @@ class WorkerLinkClient:
             step_time_s=time.perf_counter() - started,
         )
         reply.idle_time_s = idle
+        self.loras.note_resident(reply)
         self._last_reply_at = time.perf_counter()
         return reply
 

@@ -26,35 +26,41 @@ from common.pb import generation_pb2 as common_dot_pb_dot_generation__pb2
 from common.pb import sampling_pb2 as common_dot_pb_dot_sampling__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63ommon/pb/frontend_link.proto\x12\rsplitserve.v1\x1a\x1a\x63ommon/pb/generation.proto\x1a\x18\x63ommon/pb/sampling.proto\"\xd9\x01\n\x0f\x46rontendMessage\x12-\n\x05hello\x18\x01 \x01(\x0b\x32\x1c.splitserve.v1.FrontendHelloH\x00\x12.\n\x06submit\x18\x02 \x01(\x0b\x32\x1c.splitserve.v1.SubmitRequestH\x00\x12.\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x1c.splitserve.v1.CancelRequestH\x00\x12\x30\n\x08resubmit\x18\x04 \x01(\x0b\x32\x1c.splitserve.v1.SubmitRequestH\x00\x42\x05\n\x03msg\"\xab\x01\n\rFrontendHello\x12\x13\n\x0b\x66rontend_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x14\n\x0chttp_address\x18\x04 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12/\n\tin_flight\x18\x07 \x03(\x0b\x32\x1c.splitserve.v1.SubmitRequest\"\xc5\x02\n\rSubmitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x0e\n\x06tenant\x18\x05 \x01(\t\x12\x17\n\x0f\x64\x65\x61\x64line_left_s\x18\x06 \x01(\x01\x12\x18\n\x10output_token_ids\x18\x07 \x03(\r\x12\x16\n\x0enum_migrations\x18\x08 \x01(\r\x12\r\n\x05\x61ge_s\x18\t \x01(\x01\x12\x14\n\x0c\x65os_token_id\x18\n \x01(\x03\x12\x15\n\rprefill_after\x18\x0b \x01(\t\x12\x15\n\rttft_target_s\x18\x0c \x01(\x01\x12\x15\n\rtpot_target_s\x18\r \x01(\x01\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xe3\x01\n\rLeaderMessage\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x34\n\thello_ack\x18\x02 \x01(\x0b\x32\x1f.splitserve.v1.FrontendHelloAckH\x00\x12+\n\x06tokens\x18\x03 \x01(\x0b\x32\x19.splitserve.v1.TokenBatchH\x00\x12.\n\x06status\x18\x04 \x01(\x0b\x32\x1c.splitserve.v1.ClusterStatusH\x00\x12)\n\x07reclaim\x18\x05 \x01(\x0b\x32\x16.splitserve.v1.ReclaimH\x00\x42\x05\n\x03msg\"\x1e\n\x07Reclaim\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"R\n\x10\x46rontendHelloAck\x12\x14\n\x0cscheduler_id\x18\x01 \x01(\t\x12\x13\n\x0bnum_resumed\x18\x02 \x01(\r\x12\x13\n\x0bnum_adopted\x18\x03 \x01(\r\"\x8a\x02\n\rRequestUpdate\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x32\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1b.splitserve.v1.FinishReason\x12\x13\n\x0bstop_reason\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x12\n\nerror_code\x18\x07 \x01(\t\x12-\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1b.splitserve.v1.TokenLogprob\x12\x11\n\tworker_id\x18\t \x01(\t\x12\x15\n\rretry_after_s\x18\n \x01(\x01\"\x82\x01\n\nTokenBatch\x12-\n\x07updates\x18\x01 \x03(\x0b\x32\x1c.splitserve.v1.RequestUpdate\x12\x18\n\x10next_request_ids\x18\x02 \x03(\t\x12\x13\n\x0bnext_starts\x18\x03 \x03(\r\x12\x16\n\x0enext_token_ids\x18\x04 \x03(\r\"\xcf\x01\n\rClusterMember\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\r\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12\r\n\x05state\x18\x07 \x01(\t\x12\x13\n\x0bnum_running\x18\x08 \x01(\r\x12\x10\n\x08kv_usage\x18\t \x01(\x01\x12\x0f\n\x07\x61\x64\x64ress\x18\n \x01(\t\x12\x14\n\x0cnum_requests\x18\x0b \x01(\r\x12\x0f\n\x07kernels\x18\x0c \x01(\t\"\x83\x02\n\rClusterStatus\x12.\n\x0bserver_info\x18\x01 \x01(\x0b\x32\x19.splitserve.v1.ServerInfo\x12-\n\x07members\x18\x02 \x03(\x0b\x32\x1c.splitserve.v1.ClusterMember\x12\x15\n\rnum_failovers\x18\x03 \x01(\x04\x12\x17\n\x0flast_takeover_s\x18\x04 \x01(\x01\x12\x14\n\x0clast_resumed\x18\x05 \x01(\r\x12\x14\n\x0clast_adopted\x18\x06 \x01(\r\x12\x1e\n\x16last_recomputed_tokens\x18\x07 \x01(\x04\x12\x17\n\x0fstream_interval\x18\x08 \x01(\r2\xb1\x01\n\x0c\x46rontendLink\x12K\n\x07\x43onnect\x12\x1e.splitserve.v1.FrontendMessage\x1a\x1c.splitserve.v1.LeaderMessage(\x01\x30\x01\x12T\n\x0bSetPriority\x12!.splitserve.v1.SetPriorityRequest\x1a\".splitserve.v1.SetPriorityResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63ommon/pb/frontend_link.proto\x12\rsplitserve.v1\x1a\x1a\x63ommon/pb/generation.proto\x1a\x18\x63ommon/pb/sampling.proto\">\n\x16LoadLoraAdapterRequest\x12\x11\n\tlora_name\x18\x01 \x01(\t\x12\x11\n\tlora_path\x18\x02 \x01(\t\"-\n\x18UnloadLoraAdapterRequest\x12\x11\n\tlora_name\x18\x01 \x01(\t\"2\n\x19UnloadLoraAdapterResponse\x12\x15\n\rnum_in_flight\x18\x01 \x01(\r\"\xd9\x01\n\x0f\x46rontendMessage\x12-\n\x05hello\x18\x01 \x01(\x0b\x32\x1c.splitserve.v1.FrontendHelloH\x00\x12.\n\x06submit\x18\x02 \x01(\x0b\x32\x1c.splitserve.v1.SubmitRequestH\x00\x12.\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x1c.splitserve.v1.CancelRequestH\x00\x12\x30\n\x08resubmit\x18\x04 \x01(\x0b\x32\x1c.splitserve.v1.SubmitRequestH\x00\x42\x05\n\x03msg\"\xab\x01\n\rFrontendHello\x12\x13\n\x0b\x66rontend_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x14\n\x0chttp_address\x18\x04 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12/\n\tin_flight\x18\x07 \x03(\x0b\x32\x1c.splitserve.v1.SubmitRequest\"\xd8\x02\n\rSubmitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x0e\n\x06tenant\x18\x05 \x01(\t\x12\x17\n\x0f\x64\x65\x61\x64line_left_s\x18\x06 \x01(\x01\x12\x18\n\x10output_token_ids\x18\x07 \x03(\r\x12\x16\n\x0enum_migrations\x18\x08 \x01(\r\x12\r\n\x05\x61ge_s\x18\t \x01(\x01\x12\x14\n\x0c\x65os_token_id\x18\n \x01(\x03\x12\x15\n\rprefill_after\x18\x0b \x01(\t\x12\x15\n\rttft_target_s\x18\x0c \x01(\x01\x12\x15\n\rtpot_target_s\x18\r \x01(\x01\x12\x11\n\tlora_name\x18\x0e \x01(\t\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xe3\x01\n\rLeaderMessage\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x34\n\thello_ack\x18\x02 \x01(\x0b\x32\x1f.splitserve.v1.FrontendHelloAckH\x00\x12+\n\x06tokens\x18\x03 \x01(\x0b\x32\x19.splitserve.v1.TokenBatchH\x00\x12.\n\x06status\x18\x04 \x01(\x0b\x32\x1c.splitserve.v1.ClusterStatusH\x00\x12)\n\x07reclaim\x18\x05 \x01(\x0b\x32\x16.splitserve.v1.ReclaimH\x00\x42\x05\n\x03msg\"\x1e\n\x07Reclaim\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"R\n\x10\x46rontendHelloAck\x12\x14\n\x0cscheduler_id\x18\x01 \x01(\t\x12\x13\n\x0bnum_resumed\x18\x02 \x01(\r\x12\x13\n\x0bnum_adopted\x18\x03 \x01(\r\"\x8a\x02\n\rRequestUpdate\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x32\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1b.splitserve.v1.FinishReason\x12\x13\n\x0bstop_reason\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x12\n\nerror_code\x18\x07 \x01(\t\x12-\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1b.splitserve.v1.TokenLogprob\x12\x11\n\tworker_id\x18\t \x01(\t\x12\x15\n\rretry_after_s\x18\n \x01(\x01\"\x82\x01\n\nTokenBatch\x12-\n\x07updates\x18\x01 \x03(\x0b\x32\x1c.splitserve.v1.RequestUpdate\x12\x18\n\x10next_request_ids\x18\x02 \x03(\t\x12\x13\n\x0bnext_starts\x18\x03 \x03(\r\x12\x16\n\x0enext_token_ids\x18\x04 \x03(\r\"\xcf\x01\n\rClusterMember\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\r\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12\r\n\x05state\x18\x07 \x01(\t\x12\x13\n\x0bnum_running\x18\x08 \x01(\r\x12\x10\n\x08kv_usage\x18\t \x01(\x01\x12\x0f\n\x07\x61\x64\x64ress\x18\n \x01(\t\x12\x14\n\x0cnum_requests\x18\x0b \x01(\r\x12\x0f\n\x07kernels\x18\x0c \x01(\t\"\x83\x02\n\rClusterStatus\x12.\n\x0bserver_info\x18\x01 \x01(\x0b\x32\x19.splitserve.v1.ServerInfo\x12-\n\x07members\x18\x02 \x03(\x0b\x32\x1c.splitserve.v1.ClusterMember\x12\x15\n\rnum_failovers\x18\x03 \x01(\x04\x12\x17\n\x0flast_takeover_s\x18\x04 \x01(\x01\x12\x14\n\x0clast_resumed\x18\x05 \x01(\r\x12\x14\n\x0clast_adopted\x18\x06 \x01(\r\x12\x1e\n\x16last_recomputed_tokens\x18\x07 \x01(\x04\x12\x17\n\x0fstream_interval\x18\x08 \x01(\r2\xef\x02\n\x0c\x46rontendLink\x12K\n\x07\x43onnect\x12\x1e.splitserve.v1.FrontendMessage\x1a\x1c.splitserve.v1.LeaderMessage(\x01\x30\x01\x12T\n\x0bSetPriority\x12!.splitserve.v1.SetPriorityRequest\x1a\".splitserve.v1.SetPriorityResponse\x12T\n\x0fLoadLoraAdapter\x12%.splitserve.v1.LoadLoraAdapterRequest\x1a\x1a.splitserve.v1.LoraAdapter\x12\x66\n\x11UnloadLoraAdapter\x12\'.splitserve.v1.UnloadLoraAdapterRequest\x1a(.splitserve.v1.UnloadLoraAdapterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'common.pb.frontend_link_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FRONTENDMESSAGE']._serialized_start=103
-  _globals['_FRONTENDMESSAGE']._serialized_end=320
-  _globals['_FRONTENDHELLO']._serialized_start=323
-  _globals['_FRONTENDHELLO']._serialized_end=494
-  _globals['_SUBMITREQUEST']._serialized_start=497
-  _globals['_SUBMITREQUEST']._serialized_end=822
-  _globals['_CANCELREQUEST']._serialized_start=824
-  _globals['_CANCELREQUEST']._serialized_end=859
-  _globals['_LEADERMESSAGE']._serialized_start=862
-  _globals['_LEADERMESSAGE']._serialized_end=1089
-  _globals['_RECLAIM']._serialized_start=1091
-  _globals['_RECLAIM']._serialized_end=1121
-  _globals['_FRONTENDHELLOACK']._serialized_start=1123
-  _globals['_FRONTENDHELLOACK']._serialized_end=1205
-  _globals['_REQUESTUPDATE']._serialized_start=1208
-  _globals['_REQUESTUPDATE']._serialized_end=1474
-  _globals['_TOKENBATCH']._serialized_start=1477
-  _globals['_TOKENBATCH']._serialized_end=1607
-  _globals['_CLUSTERMEMBER']._serialized_start=1610
-  _globals['_CLUSTERMEMBER']._serialized_end=1817
-  _globals['_CLUSTERSTATUS']._serialized_start=1820
-  _globals['_CLUSTERSTATUS']._serialized_end=2079
-  _globals['_FRONTENDLINK']._serialized_start=2082
-  _globals['_FRONTENDLINK']._serialized_end=2259
+  _globals['_LOADLORAADAPTERREQUEST']._serialized_start=102
+  _globals['_LOADLORAADAPTERREQUEST']._serialized_end=164
+  _globals['_UNLOADLORAADAPTERREQUEST']._serialized_start=166
+  _globals['_UNLOADLORAADAPTERREQUEST']._serialized_end=211
+  _globals['_UNLOADLORAADAPTERRESPONSE']._serialized_start=213
+  _globals['_UNLOADLORAADAPTERRESPONSE']._serialized_end=263
+  _globals['_FRONTENDMESSAGE']._serialized_start=266
+  _globals['_FRONTENDMESSAGE']._serialized_end=483
+  _globals['_FRONTENDHELLO']._serialized_start=486
+  _globals['_FRONTENDHELLO']._serialized_end=657
+  _globals['_SUBMITREQUEST']._serialized_start=660
+  _globals['_SUBMITREQUEST']._serialized_end=1004
+  _globals['_CANCELREQUEST']._serialized_start=1006
+  _globals['_CANCELREQUEST']._serialized_end=1041
+  _globals['_LEADERMESSAGE']._serialized_start=1044
+  _globals['_LEADERMESSAGE']._serialized_end=1271
+  _globals['_RECLAIM']._serialized_start=1273
+  _globals['_RECLAIM']._serialized_end=1303
+  _globals['_FRONTENDHELLOACK']._serialized_start=1305
+  _globals['_FRONTENDHELLOACK']._serialized_end=1387
+  _globals['_REQUESTUPDATE']._serialized_start=1390
+  _globals['_REQUESTUPDATE']._serialized_end=1656
+  _globals['_TOKENBATCH']._serialized_start=1659
+  _globals['_TOKENBATCH']._serialized_end=1789
+  _globals['_CLUSTERMEMBER']._serialized_start=1792
+  _globals['_CLUSTERMEMBER']._serialized_end=1999
+  _globals['_CLUSTERSTATUS']._serialized_start=2002
+  _globals['_CLUSTERSTATUS']._serialized_end=2261
+  _globals['_FRONTENDLINK']._serialized_start=2264
+  _globals['_FRONTENDLINK']._serialized_end=2631
 # @@protoc_insertion_point(module_scope)

@@ -8,6 +8,26 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class LoadLoraAdapterRequest(_message.Message):
+    __slots__ = ("lora_name", "lora_path")
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    LORA_PATH_FIELD_NUMBER: _ClassVar[int]
+    lora_name: str
+    lora_path: str
+    def __init__(self, lora_name: _Optional[str] = ..., lora_path: _Optional[str] = ...) -> None: ...
+
+class UnloadLoraAdapterRequest(_message.Message):
+    __slots__ = ("lora_name",)
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    lora_name: str
+    def __init__(self, lora_name: _Optional[str] = ...) -> None: ...
+
+class UnloadLoraAdapterResponse(_message.Message):
+    __slots__ = ("num_in_flight",)
+    NUM_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    num_in_flight: int
+    def __init__(self, num_in_flight: _Optional[int] = ...) -> None: ...
+
 class FrontendMessage(_message.Message):
     __slots__ = ("hello", "submit", "cancel", "resubmit")
     HELLO_FIELD_NUMBER: _ClassVar[int]
@@ -39,7 +59,7 @@ class FrontendHello(_message.Message):
     def __init__(self, frontend_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., http_address: _Optional[str] = ..., grpc_address: _Optional[str] = ..., epoch: _Optional[int] = ..., in_flight: _Optional[_Iterable[_Union[SubmitRequest, _Mapping]]] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "priority", "tenant", "deadline_left_s", "output_token_ids", "num_migrations", "age_s", "eos_token_id", "prefill_after", "ttft_target_s", "tpot_target_s")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "priority", "tenant", "deadline_left_s", "output_token_ids", "num_migrations", "age_s", "eos_token_id", "prefill_after", "ttft_target_s", "tpot_target_s", "lora_name")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +73,7 @@ class SubmitRequest(_message.Message):
     PREFILL_AFTER_FIELD_NUMBER: _ClassVar[int]
     TTFT_TARGET_S_FIELD_NUMBER: _ClassVar[int]
     TPOT_TARGET_S_FIELD_NUMBER: _ClassVar[int]
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _sampling_pb2.SamplingParams
@@ -66,7 +87,8 @@ class SubmitRequest(_message.Message):
     prefill_after: str
     ttft_target_s: float
     tpot_target_s: float
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., deadline_left_s: _Optional[float] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., num_migrations: _Optional[int] = ..., age_s: _Optional[float] = ..., eos_token_id: _Optional[int] = ..., prefill_after: _Optional[str] = ..., ttft_target_s: _Optional[float] = ..., tpot_target_s: _Optional[float] = ...) -> None: ...
+    lora_name: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., deadline_left_s: _Optional[float] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., num_migrations: _Optional[int] = ..., age_s: _Optional[float] = ..., eos_token_id: _Optional[int] = ..., prefill_after: _Optional[str] = ..., ttft_target_s: _Optional[float] = ..., tpot_target_s: _Optional[float] = ..., lora_name: _Optional[str] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("request_id",)

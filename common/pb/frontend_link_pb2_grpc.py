@@ -45,6 +45,16 @@ class FrontendLinkStub:
                 request_serializer=common_dot_pb_dot_generation__pb2.SetPriorityRequest.SerializeToString,
                 response_deserializer=common_dot_pb_dot_generation__pb2.SetPriorityResponse.FromString,
                 _registered_method=True)
+        self.LoadLoraAdapter = channel.unary_unary(
+                '/splitserve.v1.FrontendLink/LoadLoraAdapter',
+                request_serializer=common_dot_pb_dot_frontend__link__pb2.LoadLoraAdapterRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_generation__pb2.LoraAdapter.FromString,
+                _registered_method=True)
+        self.UnloadLoraAdapter = channel.unary_unary(
+                '/splitserve.v1.FrontendLink/UnloadLoraAdapter',
+                request_serializer=common_dot_pb_dot_frontend__link__pb2.UnloadLoraAdapterRequest.SerializeToString,
+                response_deserializer=common_dot_pb_dot_frontend__link__pb2.UnloadLoraAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class FrontendLinkServicer:
@@ -63,6 +73,21 @@ class FrontendLinkServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadLoraAdapter(self, request, context):
+        """Load a LoRA adapter on every worker that serves adapters; INVALID_ARGUMENT with a sentence
+        when a worker refuses it (nothing stays loaded), ALREADY_EXISTS, FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadLoraAdapter(self, request, context):
+        """Forget an adapter: NOT_FOUND when unknown; requests already running with it finish first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FrontendLinkServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +100,16 @@ def add_FrontendLinkServicer_to_server(servicer, server):
                     servicer.SetPriority,
                     request_deserializer=common_dot_pb_dot_generation__pb2.SetPriorityRequest.FromString,
                     response_serializer=common_dot_pb_dot_generation__pb2.SetPriorityResponse.SerializeToString,
+            ),
+            'LoadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadLoraAdapter,
+                    request_deserializer=common_dot_pb_dot_frontend__link__pb2.LoadLoraAdapterRequest.FromString,
+                    response_serializer=common_dot_pb_dot_generation__pb2.LoraAdapter.SerializeToString,
+            ),
+            'UnloadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadLoraAdapter,
+                    request_deserializer=common_dot_pb_dot_frontend__link__pb2.UnloadLoraAdapterRequest.FromString,
+                    response_serializer=common_dot_pb_dot_frontend__link__pb2.UnloadLoraAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -131,6 +166,60 @@ class FrontendLink:
             '/splitserve.v1.FrontendLink/SetPriority',
             common_dot_pb_dot_generation__pb2.SetPriorityRequest.SerializeToString,
             common_dot_pb_dot_generation__pb2.SetPriorityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/splitserve.v1.FrontendLink/LoadLoraAdapter',
+            common_dot_pb_dot_frontend__link__pb2.LoadLoraAdapterRequest.SerializeToString,
+            common_dot_pb_dot_generation__pb2.LoraAdapter.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/splitserve.v1.FrontendLink/UnloadLoraAdapter',
+            common_dot_pb_dot_frontend__link__pb2.UnloadLoraAdapterRequest.SerializeToString,
+            common_dot_pb_dot_frontend__link__pb2.UnloadLoraAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -146,7 +146,7 @@ class ServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "address", "num_blocks", "num_free_blocks", "num_host_blocks", "num_running", "num_waiting", "kv_usage", "num_preemptions", "num_steps", "state", "num_swap_outs", "num_recomputed_tokens")
+    __slots__ = ("worker_id", "address", "num_blocks", "num_free_blocks", "num_host_blocks", "num_running", "num_waiting", "kv_usage", "num_preemptions", "num_steps", "state", "num_swap_outs", "num_recomputed_tokens", "resident_loras", "max_loras")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +160,8 @@ class WorkerInfo(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     NUM_SWAP_OUTS_FIELD_NUMBER: _ClassVar[int]
     NUM_RECOMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_LORAS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     num_blocks: int
@@ -173,10 +175,12 @@ class WorkerInfo(_message.Message):
     state: str
     num_swap_outs: int
     num_recomputed_tokens: int
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., num_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., num_preemptions: _Optional[int] = ..., num_steps: _Optional[int] = ..., state: _Optional[str] = ..., num_swap_outs: _Optional[int] = ..., num_recomputed_tokens: _Optional[int] = ...) -> None: ...
+    resident_loras: _containers.RepeatedScalarFieldContainer[str]
+    max_loras: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., num_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., num_preemptions: _Optional[int] = ..., num_steps: _Optional[int] = ..., state: _Optional[str] = ..., num_swap_outs: _Optional[int] = ..., num_recomputed_tokens: _Optional[int] = ..., resident_loras: _Optional[_Iterable[str]] = ..., max_loras: _Optional[int] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("model", "max_model_len", "block_size", "scheduling_policy", "workers", "num_requests_in_flight", "num_waiting", "num_running", "num_preemptions", "num_requests_finished", "version")
+    __slots__ = ("model", "max_model_len", "block_size", "scheduling_policy", "workers", "num_requests_in_flight", "num_waiting", "num_running", "num_preemptions", "num_requests_finished", "version", "loras", "max_loras", "running_lora_adapters", "waiting_lora_adapters")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +192,10 @@ class ServerInfo(_message.Message):
     NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     NUM_REQUESTS_FINISHED_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    LORAS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     block_size: int
@@ -199,4 +207,20 @@ class ServerInfo(_message.Message):
     num_preemptions: int
     num_requests_finished: int
     version: str
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., scheduling_policy: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., num_requests_in_flight: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_requests_finished: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
+    loras: _containers.RepeatedCompositeFieldContainer[LoraAdapter]
+    max_loras: int
+    running_lora_adapters: _containers.RepeatedScalarFieldContainer[str]
+    waiting_lora_adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., scheduling_policy: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., num_requests_in_flight: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_requests_finished: _Optional[int] = ..., version: _Optional[str] = ..., loras: _Optional[_Iterable[_Union[LoraAdapter, _Mapping]]] = ..., max_loras: _Optional[int] = ..., running_lora_adapters: _Optional[_Iterable[str]] = ..., waiting_lora_adapters: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LoraAdapter(_message.Message):
+    __slots__ = ("name", "path", "rank", "target_modules")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    TARGET_MODULES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    rank: int
+    target_modules: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., rank: _Optional[int] = ..., target_modules: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -22,48 +22,53 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from common.pb import generation_pb2 as common_dot_pb_dot_generation__pb2
 from common.pb import sampling_pb2 as common_dot_pb_dot_sampling__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63ommon/pb/worker_link.proto\x12\rsplitserve.v1\x1a\x18\x63ommon/pb/sampling.proto\"\xcb\x01\n\rWorkerMessage\x12+\n\x08register\x18\x01 \x01(\x0b\x32\x17.splitserve.v1.RegisterH\x00\x12\x30\n\x0bstep_result\x18\x02 \x01(\x0b\x32\x19.splitserve.v1.StepResultH\x00\x12-\n\theartbeat\x18\x03 \x01(\x0b\x32\x18.splitserve.v1.HeartbeatH\x00\x12%\n\x05\x64rain\x18\x04 \x01(\x0b\x32\x14.splitserve.v1.DrainH\x00\x42\x05\n\x03msg\"\xcc\x01\n\x10SchedulerMessage\x12\x32\n\x0cregister_ack\x18\x01 \x01(\x0b\x32\x1a.splitserve.v1.RegisterAckH\x00\x12#\n\x04step\x18\x02 \x01(\x0b\x32\x13.splitserve.v1.StepH\x00\x12-\n\theartbeat\x18\x03 \x01(\x0b\x32\x18.splitserve.v1.HeartbeatH\x00\x12)\n\x07\x64rained\x18\x04 \x01(\x0b\x32\x16.splitserve.v1.DrainedH\x00\x42\x05\n\x03msg\"\x1a\n\x05\x44rain\x12\x11\n\ttimeout_s\x18\x01 \x01(\x01\"8\n\x07\x44rained\x12\x14\n\x0cnum_finished\x18\x01 \x01(\r\x12\x17\n\x0fnum_handed_back\x18\x02 \x01(\r\"\x98\x04\n\x08Register\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x19\n\x11num_device_blocks\x18\x04 \x01(\r\x12\x17\n\x0fnum_host_blocks\x18\x05 \x01(\r\x12\x15\n\rmax_model_len\x18\x06 \x01(\r\x12\x12\n\nvocab_size\x18\x07 \x01(\r\x12\x14\n\x0c\x65os_token_id\x18\x08 \x01(\x03\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\r\n\x05\x64type\x18\x0b \x01(\t\x12\x1b\n\x13prefill_s_per_token\x18\x0c \x01(\x01\x12\x1f\n\x17prefill_s_per_token_ctx\x18\r \x01(\x01\x12\x18\n\x10swap_bytes_per_s\x18\x0e \x01(\x01\x12\x16\n\x0eswap_latency_s\x18\x0f \x01(\x01\x12\x1a\n\x12kv_bytes_per_block\x18\x10 \x01(\x04\x12\x0f\n\x07kernels\x18\x11 \x01(\t\x12\r\n\x05\x65poch\x18\x12 \x01(\x04\x12(\n\x04held\x18\x13 \x03(\x0b\x32\x1a.splitserve.v1.HeldRequest\x12\x0c\n\x04host\x18\x14 \x01(\t\x12\x0b\n\x03pid\x18\x15 \x01(\r\x12\x15\n\rverify_step_s\x18\x16 \x03(\x01\x12\x14\n\x0cmax_num_seqs\x18\x17 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\x18 \x01(\rJ\x04\x08\t\x10\n\"e\n\x0bHeldRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x03 \x01(\r\x12\x12\n\nnum_tokens\x18\x04 \x01(\r\"F\n\x0bRegisterAck\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"\x19\n\tHeartbeat\x12\x0c\n\x04time\x18\x01 \x01(\x01\"\xe3\x01\n\nNewRequest\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12\x11\n\tblock_ids\x18\x04 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x05 \x01(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x06 \x01(\r\x12\x18\n\x10output_token_ids\x18\x07 \x03(\r\x12\x12\n\nrequest_id\x18\x08 \x01(\t\"\x99\x01\n\rCachedRequest\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x02 \x01(\r\x12\x15\n\rnew_block_ids\x18\x03 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\r\x12\x0f\n\x07resumed\x18\x05 \x01(\x08\x12\x15\n\rnew_token_ids\x18\x06 \x03(\r\"5\n\tBlockPair\x12\x14\n\x0c\x64\x65vice_block\x18\x01 \x01(\r\x12\x12\n\nhost_block\x18\x02 \x01(\r\"\x8b\x01\n\x0eRunningColumns\x12\x0f\n\x07handles\x18\x01 \x03(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x02 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x03 \x03(\r\x12\x16\n\x0enum_new_blocks\x18\x04 \x03(\r\x12\x15\n\rnew_block_ids\x18\x05 \x03(\r\"\xe1\x02\n\x04Step\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12/\n\x0cnew_requests\x18\x02 \x03(\x0b\x32\x19.splitserve.v1.NewRequest\x12\x35\n\x0f\x63\x61\x63hed_requests\x18\x03 \x03(\x0b\x32\x1c.splitserve.v1.CachedRequest\x12\x11\n\tpreempted\x18\x04 \x03(\r\x12\x10\n\x08\x66inished\x18\x05 \x03(\r\x12*\n\x08swap_out\x18\x06 \x03(\x0b\x32\x18.splitserve.v1.BlockPair\x12)\n\x07swap_in\x18\x07 \x03(\x0b\x32\x18.splitserve.v1.BlockPair\x12.\n\x07running\x18\x08 \x01(\x0b\x32\x1d.splitserve.v1.RunningColumns\x12\r\n\x05\x65poch\x18\t \x01(\x04\x12%\n\x06\x64rafts\x18\n \x01(\x0b\x32\x15.splitserve.v1.Drafts\"@\n\x06\x44rafts\x12\x0f\n\x07handles\x18\x01 \x03(\r\x12\x12\n\nnum_tokens\x18\x02 \x03(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\"q\n\rSampledTokens\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x15\n\rtop_token_ids\x18\x04 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x05 \x03(\x02\"\xe8\x01\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12-\n\x07sampled\x18\x02 \x03(\x0b\x32\x1c.splitserve.v1.SampledTokens\x12\x16\n\x0e\x66orward_time_s\x18\x03 \x01(\x01\x12\x15\n\rsample_time_s\x18\x04 \x01(\x01\x12\x13\n\x0bstep_time_s\x18\x05 \x01(\x01\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x13\n\x0bidle_time_s\x18\x07 \x01(\x01\x12\x17\n\x0fsampled_handles\x18\x08 \x03(\r\x12\x19\n\x11sampled_token_ids\x18\t \x03(\r2Z\n\nWorkerLink\x12L\n\x07\x43onnect\x12\x1c.splitserve.v1.WorkerMessage\x1a\x1f.splitserve.v1.SchedulerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63ommon/pb/worker_link.proto\x12\rsplitserve.v1\x1a\x1a\x63ommon/pb/generation.proto\x1a\x18\x63ommon/pb/sampling.proto\"\xfd\x01\n\rWorkerMessage\x12+\n\x08register\x18\x01 \x01(\x0b\x32\x17.splitserve.v1.RegisterH\x00\x12\x30\n\x0bstep_result\x18\x02 \x01(\x0b\x32\x19.splitserve.v1.StepResultH\x00\x12-\n\theartbeat\x18\x03 \x01(\x0b\x32\x18.splitserve.v1.HeartbeatH\x00\x12%\n\x05\x64rain\x18\x04 \x01(\x0b\x32\x14.splitserve.v1.DrainH\x00\x12\x30\n\x0blora_report\x18\x05 \x01(\x0b\x32\x19.splitserve.v1.LoraReportH\x00\x42\x05\n\x03msg\"\x80\x02\n\x10SchedulerMessage\x12\x32\n\x0cregister_ack\x18\x01 \x01(\x0b\x32\x1a.splitserve.v1.RegisterAckH\x00\x12#\n\x04step\x18\x02 \x01(\x0b\x32\x13.splitserve.v1.StepH\x00\x12-\n\theartbeat\x18\x03 \x01(\x0b\x32\x18.splitserve.v1.HeartbeatH\x00\x12)\n\x07\x64rained\x18\x04 \x01(\x0b\x32\x16.splitserve.v1.DrainedH\x00\x12\x32\n\x0clora_command\x18\x05 \x01(\x0b\x32\x1a.splitserve.v1.LoraCommandH\x00\x42\x05\n\x03msg\"\x1a\n\x05\x44rain\x12\x11\n\ttimeout_s\x18\x01 \x01(\x01\"8\n\x07\x44rained\x12\x14\n\x0cnum_finished\x18\x01 \x01(\r\x12\x17\n\x0fnum_handed_back\x18\x02 \x01(\r\"\x85\x05\n\x08Register\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x19\n\x11num_device_blocks\x18\x04 \x01(\r\x12\x17\n\x0fnum_host_blocks\x18\x05 \x01(\r\x12\x15\n\rmax_model_len\x18\x06 \x01(\r\x12\x12\n\nvocab_size\x18\x07 \x01(\r\x12\x14\n\x0c\x65os_token_id\x18\x08 \x01(\x03\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\r\n\x05\x64type\x18\x0b \x01(\t\x12\x1b\n\x13prefill_s_per_token\x18\x0c \x01(\x01\x12\x1f\n\x17prefill_s_per_token_ctx\x18\r \x01(\x01\x12\x18\n\x10swap_bytes_per_s\x18\x0e \x01(\x01\x12\x16\n\x0eswap_latency_s\x18\x0f \x01(\x01\x12\x1a\n\x12kv_bytes_per_block\x18\x10 \x01(\x04\x12\x0f\n\x07kernels\x18\x11 \x01(\t\x12\r\n\x05\x65poch\x18\x12 \x01(\x04\x12(\n\x04held\x18\x13 \x03(\x0b\x32\x1a.splitserve.v1.HeldRequest\x12\x0c\n\x04host\x18\x14 \x01(\t\x12\x0b\n\x03pid\x18\x15 \x01(\r\x12\x15\n\rverify_step_s\x18\x16 \x03(\x01\x12\x14\n\x0cmax_num_seqs\x18\x17 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\x18 \x01(\r\x12\x11\n\tmax_loras\x18\x19 \x01(\r\x12\x15\n\rmax_lora_rank\x18\x1a \x01(\r\x12)\n\x05loras\x18\x1b \x03(\x0b\x32\x1a.splitserve.v1.LoraAdapter\x12\x16\n\x0eresident_loras\x18\x1c \x03(\tJ\x04\x08\t\x10\n\"e\n\x0bHeldRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x03 \x01(\r\x12\x12\n\nnum_tokens\x18\x04 \x01(\r\"F\n\x0bRegisterAck\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"\x19\n\tHeartbeat\x12\x0c\n\x04time\x18\x01 \x01(\x01\"\xf6\x01\n\nNewRequest\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12\x11\n\tblock_ids\x18\x04 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x05 \x01(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x06 \x01(\r\x12\x18\n\x10output_token_ids\x18\x07 \x03(\r\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\x11\n\tlora_name\x18\t \x01(\t\"\x99\x01\n\rCachedRequest\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x02 \x01(\r\x12\x15\n\rnew_block_ids\x18\x03 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\r\x12\x0f\n\x07resumed\x18\x05 \x01(\x08\x12\x15\n\rnew_token_ids\x18\x06 \x03(\r\"5\n\tBlockPair\x12\x14\n\x0c\x64\x65vice_block\x18\x01 \x01(\r\x12\x12\n\nhost_block\x18\x02 \x01(\r\"\x8b\x01\n\x0eRunningColumns\x12\x0f\n\x07handles\x18\x01 \x03(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x02 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x03 \x03(\r\x12\x16\n\x0enum_new_blocks\x18\x04 \x03(\r\x12\x15\n\rnew_block_ids\x18\x05 \x03(\r\"\xe1\x02\n\x04Step\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12/\n\x0cnew_requests\x18\x02 \x03(\x0b\x32\x19.splitserve.v1.NewRequest\x12\x35\n\x0f\x63\x61\x63hed_requests\x18\x03 \x03(\x0b\x32\x1c.splitserve.v1.CachedRequest\x12\x11\n\tpreempted\x18\x04 \x03(\r\x12\x10\n\x08\x66inished\x18\x05 \x03(\r\x12*\n\x08swap_out\x18\x06 \x03(\x0b\x32\x18.splitserve.v1.BlockPair\x12)\n\x07swap_in\x18\x07 \x03(\x0b\x32\x18.splitserve.v1.BlockPair\x12.\n\x07running\x18\x08 \x01(\x0b\x32\x1d.splitserve.v1.RunningColumns\x12\r\n\x05\x65poch\x18\t \x01(\x04\x12%\n\x06\x64rafts\x18\n \x01(\x0b\x32\x15.splitserve.v1.Drafts\"@\n\x06\x44rafts\x12\x0f\n\x07handles\x18\x01 \x03(\r\x12\x12\n\nnum_tokens\x18\x02 \x03(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\"q\n\rSampledTokens\x12\x0e\n\x06handle\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x15\n\rtop_token_ids\x18\x04 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x05 \x03(\x02\"\xa0\x02\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12-\n\x07sampled\x18\x02 \x03(\x0b\x32\x1c.splitserve.v1.SampledTokens\x12\x16\n\x0e\x66orward_time_s\x18\x03 \x01(\x01\x12\x15\n\rsample_time_s\x18\x04 \x01(\x01\x12\x13\n\x0bstep_time_s\x18\x05 \x01(\x01\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x13\n\x0bidle_time_s\x18\x07 \x01(\x01\x12\x17\n\x0fsampled_handles\x18\x08 \x03(\r\x12\x19\n\x11sampled_token_ids\x18\t \x03(\r\x12\x16\n\x0eresident_loras\x18\n \x03(\t\x12\x1e\n\x16resident_loras_changed\x18\x0b \x01(\x08\"9\n\x0bLoraCommand\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0e\n\x06unload\x18\x03 \x01(\x08\"X\n\nLoraReport\x12+\n\x07\x61\x64\x61pter\x18\x01 \x01(\x0b\x32\x1a.splitserve.v1.LoraAdapter\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x0e\n\x06unload\x18\x03 \x01(\x08\x32Z\n\nWorkerLink\x12L\n\x07\x43onnect\x12\x1c.splitserve.v1.WorkerMessage\x1a\x1f.splitserve.v1.SchedulerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'common.pb.worker_link_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKERMESSAGE']._serialized_start=73
-  _globals['_WORKERMESSAGE']._serialized_end=276
-  _globals['_SCHEDULERMESSAGE']._serialized_start=279
-  _globals['_SCHEDULERMESSAGE']._serialized_end=483
-  _globals['_DRAIN']._serialized_start=485
-  _globals['_DRAIN']._serialized_end=511
-  _globals['_DRAINED']._serialized_start=513
-  _globals['_DRAINED']._serialized_end=569
-  _globals['_REGISTER']._serialized_start=572
-  _globals['_REGISTER']._serialized_end=1108
-  _globals['_HELDREQUEST']._serialized_start=1110
-  _globals['_HELDREQUEST']._serialized_end=1211
-  _globals['_REGISTERACK']._serialized_start=1213
-  _globals['_REGISTERACK']._serialized_end=1283
-  _globals['_HEARTBEAT']._serialized_start=1285
-  _globals['_HEARTBEAT']._serialized_end=1310
-  _globals['_NEWREQUEST']._serialized_start=1313
-  _globals['_NEWREQUEST']._serialized_end=1540
-  _globals['_CACHEDREQUEST']._serialized_start=1543
-  _globals['_CACHEDREQUEST']._serialized_end=1696
-  _globals['_BLOCKPAIR']._serialized_start=1698
-  _globals['_BLOCKPAIR']._serialized_end=1751
-  _globals['_RUNNINGCOLUMNS']._serialized_start=1754
-  _globals['_RUNNINGCOLUMNS']._serialized_end=1893
-  _globals['_STEP']._serialized_start=1896
-  _globals['_STEP']._serialized_end=2249
-  _globals['_DRAFTS']._serialized_start=2251
-  _globals['_DRAFTS']._serialized_end=2315
-  _globals['_SAMPLEDTOKENS']._serialized_start=2317
-  _globals['_SAMPLEDTOKENS']._serialized_end=2430
-  _globals['_STEPRESULT']._serialized_start=2433
-  _globals['_STEPRESULT']._serialized_end=2665
-  _globals['_WORKERLINK']._serialized_start=2667
-  _globals['_WORKERLINK']._serialized_end=2757
+  _globals['_WORKERMESSAGE']._serialized_start=101
+  _globals['_WORKERMESSAGE']._serialized_end=354
+  _globals['_SCHEDULERMESSAGE']._serialized_start=357
+  _globals['_SCHEDULERMESSAGE']._serialized_end=613
+  _globals['_DRAIN']._serialized_start=615
+  _globals['_DRAIN']._serialized_end=641
+  _globals['_DRAINED']._serialized_start=643
+  _globals['_DRAINED']._serialized_end=699
+  _globals['_REGISTER']._serialized_start=702
+  _globals['_REGISTER']._serialized_end=1347
+  _globals['_HELDREQUEST']._serialized_start=1349
+  _globals['_HELDREQUEST']._serialized_end=1450
+  _globals['_REGISTERACK']._serialized_start=1452
+  _globals['_REGISTERACK']._serialized_end=1522
+  _globals['_HEARTBEAT']._serialized_start=1524
+  _globals['_HEARTBEAT']._serialized_end=1549
+  _globals['_NEWREQUEST']._serialized_start=1552
+  _globals['_NEWREQUEST']._serialized_end=1798
+  _globals['_CACHEDREQUEST']._serialized_start=1801
+  _globals['_CACHEDREQUEST']._serialized_end=1954
+  _globals['_BLOCKPAIR']._serialized_start=1956
+  _globals['_BLOCKPAIR']._serialized_end=2009
+  _globals['_RUNNINGCOLUMNS']._serialized_start=2012
+  _globals['_RUNNINGCOLUMNS']._serialized_end=2151
+  _globals['_STEP']._serialized_start=2154
+  _globals['_STEP']._serialized_end=2507
+  _globals['_DRAFTS']._serialized_start=2509
+  _globals['_DRAFTS']._serialized_end=2573
+  _globals['_SAMPLEDTOKENS']._serialized_start=2575
+  _globals['_SAMPLEDTOKENS']._serialized_end=2688
+  _globals['_STEPRESULT']._serialized_start=2691
+  _globals['_STEPRESULT']._serialized_end=2979
+  _globals['_LORACOMMAND']._serialized_start=2981
+  _globals['_LORACOMMAND']._serialized_end=3038
+  _globals['_LORAREPORT']._serialized_start=3040
+  _globals['_LORAREPORT']._serialized_end=3128
+  _globals['_WORKERLINK']._serialized_start=3130
+  _globals['_WORKERLINK']._serialized_end=3220
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from common.pb import generation_pb2 as _generation_pb2
 from common.pb import sampling_pb2 as _sampling_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -8,28 +9,32 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("register", "step_result", "heartbeat", "drain")
+    __slots__ = ("register", "step_result", "heartbeat", "drain", "lora_report")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     STEP_RESULT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
+    LORA_REPORT_FIELD_NUMBER: _ClassVar[int]
     register: Register
     step_result: StepResult
     heartbeat: Heartbeat
     drain: Drain
-    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., step_result: _Optional[_Union[StepResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ...) -> None: ...
+    lora_report: LoraReport
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., step_result: _Optional[_Union[StepResult, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., lora_report: _Optional[_Union[LoraReport, _Mapping]] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
-    __slots__ = ("register_ack", "step", "heartbeat", "drained")
+    __slots__ = ("register_ack", "step", "heartbeat", "drained", "lora_command")
     REGISTER_ACK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     DRAINED_FIELD_NUMBER: _ClassVar[int]
+    LORA_COMMAND_FIELD_NUMBER: _ClassVar[int]
     register_ack: RegisterAck
     step: Step
     heartbeat: Heartbeat
     drained: Drained
-    def __init__(self, register_ack: _Optional[_Union[RegisterAck, _Mapping]] = ..., step: _Optional[_Union[Step, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., drained: _Optional[_Union[Drained, _Mapping]] = ...) -> None: ...
+    lora_command: LoraCommand
+    def __init__(self, register_ack: _Optional[_Union[RegisterAck, _Mapping]] = ..., step: _Optional[_Union[Step, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., drained: _Optional[_Union[Drained, _Mapping]] = ..., lora_command: _Optional[_Union[LoraCommand, _Mapping]] = ...) -> None: ...
 
 class Drain(_message.Message):
     __slots__ = ("timeout_s",)
@@ -46,7 +51,7 @@ class Drained(_message.Message):
     def __init__(self, num_finished: _Optional[int] = ..., num_handed_back: _Optional[int] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("worker_id", "model", "block_size", "num_device_blocks", "num_host_blocks", "max_model_len", "vocab_size", "eos_token_id", "device", "dtype", "prefill_s_per_token", "prefill_s_per_token_ctx", "swap_bytes_per_s", "swap_latency_s", "kv_bytes_per_block", "kernels", "epoch", "held", "host", "pid", "verify_step_s", "max_num_seqs", "max_num_batched_tokens")
+    __slots__ = ("worker_id", "model", "block_size", "num_device_blocks", "num_host_blocks", "max_model_len", "vocab_size", "eos_token_id", "device", "dtype", "prefill_s_per_token", "prefill_s_per_token_ctx", "swap_bytes_per_s", "swap_latency_s", "kv_bytes_per_block", "kernels", "epoch", "held", "host", "pid", "verify_step_s", "max_num_seqs", "max_num_batched_tokens", "max_loras", "max_lora_rank", "loras", "resident_loras")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +75,10 @@ class Register(_message.Message):
     VERIFY_STEP_S_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORA_RANK_FIELD_NUMBER: _ClassVar[int]
+    LORAS_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_LORAS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     block_size: int
@@ -93,7 +102,11 @@ class Register(_message.Message):
     verify_step_s: _containers.RepeatedScalarFieldContainer[float]
     max_num_seqs: int
     max_num_batched_tokens: int
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., prefill_s_per_token: _Optional[float] = ..., prefill_s_per_token_ctx: _Optional[float] = ..., swap_bytes_per_s: _Optional[float] = ..., swap_latency_s: _Optional[float] = ..., kv_bytes_per_block: _Optional[int] = ..., kernels: _Optional[str] = ..., epoch: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldRequest, _Mapping]]] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., verify_step_s: _Optional[_Iterable[float]] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ...) -> None: ...
+    max_loras: int
+    max_lora_rank: int
+    loras: _containers.RepeatedCompositeFieldContainer[_generation_pb2.LoraAdapter]
+    resident_loras: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., num_device_blocks: _Optional[int] = ..., num_host_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., prefill_s_per_token: _Optional[float] = ..., prefill_s_per_token_ctx: _Optional[float] = ..., swap_bytes_per_s: _Optional[float] = ..., swap_latency_s: _Optional[float] = ..., kv_bytes_per_block: _Optional[int] = ..., kernels: _Optional[str] = ..., epoch: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldRequest, _Mapping]]] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., verify_step_s: _Optional[_Iterable[float]] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_loras: _Optional[int] = ..., max_lora_rank: _Optional[int] = ..., loras: _Optional[_Iterable[_Union[_generation_pb2.LoraAdapter, _Mapping]]] = ..., resident_loras: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HeldRequest(_message.Message):
     __slots__ = ("request_id", "block_ids", "num_computed_tokens", "num_tokens")
@@ -124,7 +137,7 @@ class Heartbeat(_message.Message):
     def __init__(self, time: _Optional[float] = ...) -> None: ...
 
 class NewRequest(_message.Message):
-    __slots__ = ("handle", "prompt_token_ids", "sampling", "block_ids", "num_computed_tokens", "num_scheduled_tokens", "output_token_ids", "request_id")
+    __slots__ = ("handle", "prompt_token_ids", "sampling", "block_ids", "num_computed_tokens", "num_scheduled_tokens", "output_token_ids", "request_id", "lora_name")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +146,7 @@ class NewRequest(_message.Message):
     NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
     handle: int
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _sampling_pb2.SamplingParams
@@ -141,7 +155,8 @@ class NewRequest(_message.Message):
     num_scheduled_tokens: int
     output_token_ids: _containers.RepeatedScalarFieldContainer[int]
     request_id: str
-    def __init__(self, handle: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    lora_name: str
+    def __init__(self, handle: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ..., lora_name: _Optional[str] = ...) -> None: ...
 
 class CachedRequest(_message.Message):
     __slots__ = ("handle", "num_scheduled_tokens", "new_block_ids", "num_computed_tokens", "resumed", "new_token_ids")
@@ -230,7 +245,7 @@ class SampledTokens(_message.Message):
     def __init__(self, handle: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "sampled", "forward_time_s", "sample_time_s", "step_time_s", "error", "idle_time_s", "sampled_handles", "sampled_token_ids")
+    __slots__ = ("step_id", "sampled", "forward_time_s", "sample_time_s", "step_time_s", "error", "idle_time_s", "sampled_handles", "sampled_token_ids", "resident_loras", "resident_loras_changed")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
     FORWARD_TIME_S_FIELD_NUMBER: _ClassVar[int]
@@ -240,6 +255,8 @@ class StepResult(_message.Message):
     IDLE_TIME_S_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_HANDLES_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_LORAS_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_LORAS_CHANGED_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     sampled: _containers.RepeatedCompositeFieldContainer[SampledTokens]
     forward_time_s: float
@@ -249,4 +266,26 @@ class StepResult(_message.Message):
     idle_time_s: float
     sampled_handles: _containers.RepeatedScalarFieldContainer[int]
     sampled_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, step_id: _Optional[int] = ..., sampled: _Optional[_Iterable[_Union[SampledTokens, _Mapping]]] = ..., forward_time_s: _Optional[float] = ..., sample_time_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., error: _Optional[str] = ..., idle_time_s: _Optional[float] = ..., sampled_handles: _Optional[_Iterable[int]] = ..., sampled_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    resident_loras: _containers.RepeatedScalarFieldContainer[str]
+    resident_loras_changed: bool
+    def __init__(self, step_id: _Optional[int] = ..., sampled: _Optional[_Iterable[_Union[SampledTokens, _Mapping]]] = ..., forward_time_s: _Optional[float] = ..., sample_time_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., error: _Optional[str] = ..., idle_time_s: _Optional[float] = ..., sampled_handles: _Optional[_Iterable[int]] = ..., sampled_token_ids: _Optional[_Iterable[int]] = ..., resident_loras: _Optional[_Iterable[str]] = ..., resident_loras_changed: _Optional[bool] = ...) -> None: ...
+
+class LoraCommand(_message.Message):
+    __slots__ = ("name", "path", "unload")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    UNLOAD_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    unload: bool
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., unload: _Optional[bool] = ...) -> None: ...
+
+class LoraReport(_message.Message):
+    __slots__ = ("adapter", "error", "unload")
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    UNLOAD_FIELD_NUMBER: _ClassVar[int]
+    adapter: _generation_pb2.LoraAdapter
+    error: str
+    unload: bool
+    def __init__(self, adapter: _Optional[_Union[_generation_pb2.LoraAdapter, _Mapping]] = ..., error: _Optional[str] = ..., unload: _Optional[bool] = ...) -> None: ...

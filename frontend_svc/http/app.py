@@ -10,6 +10,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from frontend_svc.auth import check_key
 from frontend_svc.http.context import HttpContext
 from frontend_svc.http.errors import error_response, install_error_handlers
+from frontend_svc.http.lora_routes import lora_router
 from frontend_svc.http.openai_routes import openai_router
 from frontend_svc.http.openapi import install_openapi
 from frontend_svc.http.priority_routes import priority_router
@@ -66,6 +67,10 @@ def create_app(ctx: HttpContext) -> FastAPI:
         app.include_router(tokenize_router(ctx))
     if ctx.scheduler is not None:
         app.include_router(priority_router(ctx))
+        app.include_router(lora_router(ctx))
+        if ctx.intake is not None:
+            scheduler = ctx.scheduler
+            ctx.intake.lora_names = lambda: {a.name for a in scheduler.lora_adapters()}
 
     @app.get("/health")
     async def health() -> dict:

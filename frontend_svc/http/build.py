@@ -27,10 +27,11 @@ from frontend_svc.intake import MAX_CHOICES, Intake, check_stop_strings
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
-def check_model(intake: Intake, model: str | None) -> None:
-    """404 for a model this server does not serve (None or "" means the served one)."""
+def check_model(intake: Intake, model: str | None) -> str:
+    """The LoRA adapter `model` names ("" for the served model; None or "" means it); 404
+    model_not_found for a model this server does not serve."""
     try:
-        intake.check_model(model or "")
+        return intake.check_model(model or "")
     except RequestRejected as exc:
         raise OpenAIError(404, str(exc), "model", "model_not_found") from exc
 

@@ -44,19 +44,39 @@ def openai_router(ctx: HttpContext) -> APIRouter:
             "max_model_len": intake.max_model_len,
         }
 
+    def adapter_cards() -> dict[str, dict]:
+        """The LoRA adapters, as vLLM lists them: the base model their parent."""
+        return {
+            a.name: {
+                "id": a.name,
+                "object": "model",
+                "created": int(ctx.started_at),
+                "owned_by": "splitserve",
+                "root": a.path,
+                "parent": intake.model_name,
+                "max_model_len": intake.max_model_len,
+            }
+            for a in scheduler.lora_adapters()
+        }
+
     @router.get("/models")
     async def list_models() -> dict:
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card(), *adapter_cards().values()]}
 
     @router.get("/models/{model_id:path}")
     async def get_model(model_id: str) -> dict:
-        check_model(intake, model_id)
+        if check_model(intake, model_id):
+            card = adapter_cards().get(model_id)
+            if card is not None:
+                return card
         return model_card()
 
     @router.post("/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        check_model(intake, body.model)
+        lora_name = check_model(intake, body.model)
         states = await _built_beside(ctx, lambda: build_completion(intake, body))
+        for state in states:
+            state.lora_name = lora_name
         groups = [_built(ctx, lambda s=s: choices(intake, body, s)) for s in states]
 
         def fmt(state: ClientRequest, index: int = 0) -> ResponseFormatter:
@@ -81,9 +101,10 @@ def openai_router(ctx: HttpContext) -> APIRouter:
 
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        check_model(intake, body.model)
+        lora_name = check_model(intake, body.model)
         tools = _built(ctx, lambda: tool_plan(body))
         state = await _built_beside(ctx, lambda: build_chat(intake, body, tools))
+        state.lora_name = lora_name
         group = _built(ctx, lambda: choices(intake, body, state))
 
         def fmt(_: ClientRequest | None = None, index: int = 0) -> ResponseFormatter:

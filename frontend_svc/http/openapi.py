@@ -68,6 +68,17 @@ ANSWERS: dict[str, dict[int, str | None]] = {
         409: "The request is no longer waiting: its priority cannot change.",
         503: "The scheduler cannot be reached; retry later.",
     },
+    "POST /v1/load_lora_adapter": {
+        400: "A worker refused the adapter's files (another base model, a rank over "
+        "--max-lora-rank, files missing or corrupt: nothing stays loaded), the name is taken, or "
+        "no worker serves adapters.",
+        503: "The scheduler cannot be reached, or a worker left while loading; retry later.",
+    },
+    "POST /v1/unload_lora_adapter": {
+        400: None,
+        404: "No LoRA adapter of this name is loaded.",
+        503: "The scheduler cannot be reached; retry later.",
+    },
     "GET /health": {},
     "GET /ready": {},  # its 503 has the readiness body: _special_bodies
     "GET /metrics": {404: "Metrics are not enabled on this server."},

@@ -50,12 +50,13 @@ def responses_router(ctx: HttpContext, store: ResponseStore | None = None) -> AP
 
     @router.post("/responses")
     async def create_response(body: ResponsesRequest, request: Request) -> Response:
-        check_model(intake, body.model)
+        lora_name = check_model(intake, body.model)
         history = _previous(ctx, kept, body.previous_response_id)
         response_id = new_id("resp")
         plan = _checked(ctx, lambda: translate(body, history, response_id))
         tools = _checked(ctx, lambda: tool_plan(plan.chat))
         state = await _checked_beside(ctx, lambda: build_chat(intake, plan.chat, tools))
+        state.lora_name = lora_name
         shape = ResponseShape(body, response_id, body.model or intake.model_name, plan.tools)
         fmt = ResponseFormatter(
             chat=True,

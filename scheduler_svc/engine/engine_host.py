@@ -38,6 +38,8 @@ class EngineHost(Protocol):
     placement: PlacementConfig
     takeover: RowAdopter
     observer: EngineObserver
+    loras: Any  # LoraRegistry (lora_registry.py): the adapters and where they are read
+    model_name: str
     slo: SloAdmission
     pacer: StreamPacer
     pacing_listeners: list[Callable[[int], None]]

@@ -72,6 +72,7 @@ class InFlightRequest:
     # n > 1: a sibling waits for this request's prompt to be computed (and cached), then
     # prefills only the partial last block (the engine parks it)
     prefill_after: str | None = None
+    lora_name: str = ""  # the LoRA adapter it runs with; "" = the base model
 
     @property
     def finished(self) -> bool:
@@ -93,6 +94,7 @@ class InFlightRequest:
             ),
             tpot_target_s=self.tpot_target_s,
             output_token_ids=list(self.output_token_ids),
+            lora_name=self.lora_name,
         )
 
     def push_tokens(
@@ -198,6 +200,7 @@ def from_submit(
         prefill_after=msg.prefill_after or None,
         ttft_target_s=msg.ttft_target_s if msg.ttft_target_s > 0 else None,
         tpot_target_s=msg.tpot_target_s if msg.tpot_target_s > 0 else None,
+        lora_name=msg.lora_name,
     )
 
 
@@ -219,4 +222,5 @@ def to_submit(state: InFlightRequest, now: float | None = None) -> pb.SubmitRequ
         prefill_after=state.prefill_after or "",
         ttft_target_s=state.ttft_target_s or 0.0,
         tpot_target_s=state.tpot_target_s or 0.0,
+        lora_name=state.lora_name,
     )

@@ -32,6 +32,7 @@ from scheduler_svc.core.speculative import SpeculativeConfig
 from scheduler_svc.engine import placement
 from scheduler_svc.engine.dispatcher import Dispatcher
 from scheduler_svc.engine.in_flight import InFlightRequest
+from scheduler_svc.engine.lora_registry import LoraRegistry
 from scheduler_svc.engine.slo_admission import SloAdmission
 from scheduler_svc.engine.step_loop import StepLoop
 from scheduler_svc.engine.stream_pacing import StreamPacer
@@ -100,6 +101,7 @@ class ServingEngine:
         self.may_act: Callable[[], bool] = lambda: True  # False once leadership is lost
         self._parked: dict[str, list[InFlightRequest]] = {}  # first of a group -> its siblings
         self.takeover = Takeover(self)
+        self.loras = LoraRegistry(self)  # the LoRA adapters requests may name, per worker
         self.pool = WorkerPool(self)
         self.steps = StepLoop(self)
         self.dispatcher = Dispatcher(self)
@@ -119,6 +121,8 @@ class ServingEngine:
         impossible = self._impossible_token(state)
         if impossible:
             raise RequestRejected(impossible)
+        if state.lora_name and not self.loras.serves(state.lora_name):
+            raise RequestRejected(f"no LoRA adapter {state.lora_name!r} is loaded")
         self.admission.check(state.tenant, len(self.waiting))
         tenant = state.tenant or ""
         if state.ttft_target_s is None:

@@ -83,6 +83,7 @@ def _build(
             long_prefill_token_threshold=cfg.long_prefill_token_threshold,
             worker_costs=reg.costs,
             speculative=speculative,
+            max_loras=reg.max_loras,
         )
     except SchedulerConfigError as exc:
         used = ", ".join(f"{k} {v}" for k, v in limits.log_fields().items() if "_from" not in k)

@@ -33,7 +33,10 @@ class WorkerPool:
         # (aging, per-tenant service) is global
         local_queue = create_request_queue(self.engine.policy)
         session = WorkerSession(registration, Scheduler(sched_cfg, local_queue), transport)
+        session.max_loras = registration.max_loras
+        session.resident_loras = set(registration.resident_loras)
         self.engine.sessions[registration.worker_id] = session
+        self.engine.loras.worker_attached(session, registration.loras)
         if self.engine.rebuilding or self.engine.keeps_held_rows:
             for row in getattr(registration, "held", ()):
                 self.engine._held[row.request_id] = (session, row)
@@ -60,6 +63,7 @@ class WorkerPool:
         if self.engine.sessions.get(session.worker_id) is not session:
             return
         del self.engine.sessions[session.worker_id]
+        self.engine.loras.worker_detached(session)
         if not self.engine._live_sessions():
             self.engine.worker_attached.clear()
         moved = self.hand_back(session, session.request_ids, reason)

@@ -21,6 +21,7 @@ class EngineView(Protocol):
     frontends: dict[str, Any]
     remote_workers: dict[str, Any]  # on step shards
     shard_links: dict[str, Any]
+    loras: Any  # the LoRA registry (engine/lora_registry.py)
     num_finished: int
     pacer: Any
 
@@ -49,6 +50,16 @@ class SchedulerRole:
     leadership: Any = None  # common.coordination.Leadership while this one leads
 
 
+def lora_message(adapter: Any) -> gen_pb.LoraAdapter:
+    """The registry's LoraAdapter (engine/lora_registry.py) as the wire's."""
+    return gen_pb.LoraAdapter(
+        name=adapter.name,
+        path=adapter.path,
+        rank=adapter.rank,
+        target_modules=adapter.target_modules,
+    )
+
+
 def server_info(engine: EngineView, max_model_len: int) -> gen_pb.ServerInfo:
     cfg = engine.config
     info = gen_pb.ServerInfo(
@@ -60,6 +71,10 @@ def server_info(engine: EngineView, max_model_len: int) -> gen_pb.ServerInfo:
         num_requests_finished=engine.num_finished,
         version=VERSION,
     )
+    info.loras.extend(lora_message(adapter) for adapter in engine.loras.describe())
+    usage = engine.loras.usage()
+    info.running_lora_adapters.extend(usage.running)
+    info.waiting_lora_adapters.extend(usage.waiting)
     for session, stats in engine.worker_stats():
         reg = session.registration
         info.block_size = reg.block_size
@@ -77,7 +92,10 @@ def server_info(engine: EngineView, max_model_len: int) -> gen_pb.ServerInfo:
             state=session.state,
             num_swap_outs=stats.num_swap_outs,
             num_recomputed_tokens=stats.num_recomputed_tokens,
+            resident_loras=sorted(getattr(session, "resident_loras", ())),
+            max_loras=getattr(session, "max_loras", 0),
         )
+        info.max_loras = max(info.max_loras, getattr(session, "max_loras", 0))
         info.num_running += stats.num_running
         info.num_waiting += stats.num_waiting
         info.num_preemptions += stats.num_preemptions

@@ -24,6 +24,7 @@ from scheduler_svc.engine.in_flight import InFlightRequest, from_submit
 from scheduler_svc.engine.priority_change import set_priority
 from scheduler_svc.engine.serving_engine import ServingEngine
 from scheduler_svc.ha.cluster_view import SchedulerRole, cluster_status
+from scheduler_svc.links.lora_rpcs import LoraAdapterRpcs
 from scheduler_svc.shards.shard_router import ShardRouter
 
 log = get_logger("splitserve.frontend_link")
@@ -212,6 +213,16 @@ def add_frontend_link(servicer: FrontendLinkService, server: grpc.aio.Server) ->
             request_deserializer=gen_pb.SetPriorityRequest.FromString,
             response_serializer=gen_pb.SetPriorityResponse.SerializeToString,
         ),
+        "LoadLoraAdapter": grpc.unary_unary_rpc_method_handler(
+            servicer.LoadLoraAdapter,
+            request_deserializer=pb.LoadLoraAdapterRequest.FromString,
+            response_serializer=gen_pb.LoraAdapter.SerializeToString,
+        ),
+        "UnloadLoraAdapter": grpc.unary_unary_rpc_method_handler(
+            servicer.UnloadLoraAdapter,
+            request_deserializer=pb.UnloadLoraAdapterRequest.FromString,
+            response_serializer=pb.UnloadLoraAdapterResponse.SerializeToString,
+        ),
     }
     name = pb.DESCRIPTOR.services_by_name["FrontendLink"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
@@ -249,7 +260,7 @@ def add_update_to(
             entry.top.add(token_id=tok, logprob=value)
 
 
-class FrontendLinkService(pb_grpc.FrontendLinkServicer):
+class FrontendLinkService(LoraAdapterRpcs, pb_grpc.FrontendLinkServicer):
     def __init__(
         self,
         engine: ServingEngine,

@@ -15,6 +15,7 @@ from common.pb import worker_link_pb2_grpc as pb_grpc
 from scheduler_svc.core import SchedulerOutput
 from scheduler_svc.core.preemption_cost import WorkerCosts
 from scheduler_svc.engine import worker_limits
+from scheduler_svc.engine.lora_registry import adapter_from_message
 from scheduler_svc.engine.serving_engine import ServingEngine
 from scheduler_svc.engine.worker_session import (
     HeldRequest,
@@ -49,7 +50,10 @@ class GrpcWorkerTransport:
         self.finished_handles: dict[int, list[int]] = {}  # step id -> handles it finished
         self.session: WorkerSession | None = None
         self.on_drain = None  # callable(timeout_s), set once attached
+        self.on_lora_report = None  # callable(LoraReport), set once attached
         self.lost_reason = ""
+        # a LoRA command may be written while a step is: one write on the stream at a time
+        self._write_lock = asyncio.Lock()
 
     async def submit(self, out: SchedulerOutput) -> asyncio.Future:
         """Send a step; returns the future of its raw result (steps may be pipelined)."""
@@ -62,10 +66,20 @@ class GrpcWorkerTransport:
         future = asyncio.get_running_loop().create_future()
         self.pending[out.step_id] = future
         try:
-            await self.context.write(message)
+            async with self._write_lock:
+                await self.context.write(message)
         except Exception as exc:  # the stream is gone
             self.lose(f"write failed: {exc}")
         return future
+
+    async def send_lora(self, name: str, path: str, unload: bool) -> None:
+        """Tell the worker to read (in the background) or drop a LoRA adapter; its LoraReport
+        comes back on the stream (on_lora_report)."""
+        if self.lost_reason:
+            raise WorkerLost(self.lost_reason)
+        command = pb.LoraCommand(name=name, path=path, unload=unload)
+        async with self._write_lock:
+            await self.context.write(pb.SchedulerMessage(lora_command=command))
 
     async def result(self, out: SchedulerOutput, future: asyncio.Future) -> StepReply:
         """Wait for a submitted step's result and check it against the step's shape and the
@@ -74,6 +88,8 @@ class GrpcWorkerTransport:
         result: pb.StepResult = await future
         if result.error:
             raise WorkerLost(f"worker failed a step: {result.error}")
+        if result.resident_loras_changed and self.session is not None:
+            self.session.resident_loras = set(result.resident_loras)
         try:  # also checks each request got at most one token, inside the vocabulary
             sampled, logprobs = decode_step_result(
                 result, self.handles, self.vocab_size, out.spec_token_ids
@@ -115,6 +131,8 @@ class GrpcWorkerTransport:
                 kind = msg.WhichOneof("msg")
                 if kind == "drain" and self.on_drain is not None:
                     self.on_drain(msg.drain.timeout_s)
+                elif kind == "lora_report" and self.on_lora_report is not None:
+                    self.on_lora_report(msg.lora_report)
                 elif kind == "step_result":
                     future = self.pending.pop(msg.step_result.step_id, None)
                     if future is None or future.done():
@@ -217,6 +235,10 @@ class WorkerLinkService(pb_grpc.WorkerLinkServicer):
             held=held_requests(reg),
             max_num_seqs=reg.max_num_seqs,
             max_num_batched_tokens=reg.max_num_batched_tokens,
+            max_loras=reg.max_loras,
+            max_lora_rank=reg.max_lora_rank,
+            loras=[adapter_from_message(a) for a in reg.loras],
+            resident_loras=list(reg.resident_loras),
         )
         refused = worker_limits.check(self.engine.config, registration)
         if refused is not None:
@@ -235,6 +257,7 @@ class WorkerLinkService(pb_grpc.WorkerLinkServicer):
         session = self.engine.attach(registration, transport)
         transport.session = session
         transport.on_drain = lambda timeout_s: self.engine.start_drain(session, timeout_s)
+        transport.on_lora_report = lambda report: self.engine.loras.on_report(session, report)
         tasks = [
             asyncio.create_task(transport.read_loop()),
             asyncio.create_task(transport.watchdog()),

@@ -121,6 +121,9 @@ class DashboardHistory(EngineObserver):
                         "state": getattr(session, "state", "lost" if session.lost else "active"),
                         "address": session.registration.address,
                         "kernels": session.registration.kernels,
+                        # LoRA: adapter slots and the adapters in them (least recently used first)
+                        "max_loras": getattr(session, "max_loras", 0),
+                        "resident_loras": sorted(getattr(session, "resident_loras", ())),
                         "num_running": stats.num_running,
                         "num_waiting": stats.num_waiting,
                         "num_swapped": getattr(stats, "num_swapped", 0),

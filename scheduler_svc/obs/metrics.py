@@ -128,6 +128,18 @@ class MetricsObserver(EngineObserver):
             ["finished_reason"],
             registry=r,
         )
+        self.lora_requests = Counter(
+            P + "lora_requests_finished",
+            "Finished requests of each LoRA adapter",
+            ["lora_name"],
+            registry=r,
+        )
+        self.lora_tokens = Counter(
+            P + "lora_generation_tokens",
+            "Output tokens of each LoRA adapter's finished requests",
+            ["lora_name"],
+            registry=r,
+        )
         self.request_rejected = Counter(
             P + "request_rejected",
             "Requests refused before entering the engine",
@@ -292,6 +304,10 @@ class MetricsObserver(EngineObserver):
         self._last_delivery.pop(request_id, None)
         reason = state.finish_reason
         self.request_success.labels(finished_reason=str(reason)).inc()
+        lora_name = getattr(state, "lora_name", "")
+        if lora_name:
+            self.lora_requests.labels(lora_name=lora_name).inc()
+            self.lora_tokens.labels(lora_name=lora_name).inc(len(state.output_token_ids))
         end = state.finish_time if state.finish_time is not None else time.monotonic()
         deadline = getattr(state, "deadline", None)
         ttft, tpot = getattr(state, "ttft_target_s", None), getattr(state, "tpot_target_s", None)

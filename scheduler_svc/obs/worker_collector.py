@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from scheduler_svc.engine.lora_registry import LoraUsage
+
 if TYPE_CHECKING:
     from scheduler_svc.engine.serving_engine import ServingEngine
 
@@ -102,11 +104,13 @@ class WorkerCollector(Collector):
             "Requests accepted and not finished",
             value=len(engine.requests),
         )
+        loras = getattr(engine, "loras", None)
         yield from model_server_metrics(
             getattr(engine, "model_name", ""),
             running,
             queued + waiting,
             used / total if total else 0.0,
+            loras.usage() if loras is not None else None,
         )
         slo = getattr(engine, "slo", None)
         if slo is not None:
@@ -126,14 +130,15 @@ class WorkerCollector(Collector):
             )
 
 
-def model_server_metrics(model: str, running: int, waiting: int, kv_usage: float) -> Iterable:
+def model_server_metrics(
+    model: str, running: int, waiting: int, kv_usage: float, loras: LoraUsage | None = None
+) -> Iterable:
     """The Model Server Protocol's metrics, under vLLM's names: the Gateway API Inference
     Extension's endpoint picker and vLLM dashboards read these. The same numbers as the
     splitserve: families, for the whole scheduler: running and waiting summed over the workers
-    (waiting includes the global queue), KV usage = used / total blocks of all workers. No LoRA:
-    vllm:lora_requests_info says none is running, waiting or loadable (max_lora 0); its value is
-    the time of the scrape, as vLLM's is the time of its last update. frontend_svc/observer.py
-    emits the same names from the leader's status."""
+    (waiting includes the global queue), KV usage = used / total blocks of all workers, and
+    vllm:lora_requests_info (lora_requests_info). frontend_svc/observer.py emits the same names
+    from the leader's status."""
     labels = ["model_name"]
     for name, doc, value in (
         ("num_requests_running", "Requests running on a worker", running),
@@ -143,13 +148,22 @@ def model_server_metrics(model: str, running: int, waiting: int, kv_usage: float
         family = GaugeMetricFamily(MSP + name, doc, labels=labels)
         family.add_metric([model], value)
         yield family
+    yield lora_requests_info(loras or LoraUsage())
+
+
+def lora_requests_info(usage: LoraUsage) -> GaugeMetricFamily:
+    """vllm:lora_requests_info: the most adapter slots of a worker and the adapters of the
+    running and of the waiting requests (comma-separated), which the Gateway API Inference
+    Extension routes by; its value is the time of the scrape."""
     lora = GaugeMetricFamily(
         MSP + "lora_requests_info",
-        "LoRA adapters running and waiting (none: splitserve serves no LoRA adapters)",
+        "LoRA adapters of the running and of the waiting requests",
         labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
     )
-    lora.add_metric(["0", "", ""], time.time())
-    yield lora
+    lora.add_metric(
+        [str(usage.max_loras), ",".join(usage.running), ",".join(usage.waiting)], time.time()
+    )
+    return lora
 
 
 def slo_metrics(slo) -> Iterable:

@@ -31,6 +31,7 @@ from scheduler_svc.core import CacheJournal, KVCacheManager, Request, SamplingPa
 from scheduler_svc.engine.in_flight import InFlightRequest, from_submit, to_submit
 from scheduler_svc.engine.serving_engine import ServingEngine
 from scheduler_svc.engine.worker_session import WorkerSession
+from scheduler_svc.ha.cluster_view import lora_message
 from scheduler_svc.links.frontend_link import PackedSink
 from scheduler_svc.obs.engine_observer import EngineObserver
 
@@ -177,6 +178,10 @@ class ShardAgent(EngineObserver):
         if self.outbox is not None and report.ByteSize():
             self.outbox.put_nowait(pb.ShardMessage(report=report))
 
+    def _adapters_read(self, session: WorkerSession) -> list:
+        known = self.engine.loras.adapters
+        return [lora_message(known[n]) for n in sorted(session.available_loras) if n in known]
+
     def _describe(self, session: WorkerSession, into: pb.ShardWorker) -> None:
         sched = session.scheduler
         cfg = sched.config
@@ -194,6 +199,10 @@ class ShardAgent(EngineObserver):
         into.num_running = len(sched.running)
         into.kv_usage = pool.usage
         into.enable_caching = cfg.enable_prefix_caching
+        if session.max_loras > 0:
+            into.max_loras = session.max_loras
+            into.loras.extend(self._adapters_read(session))
+            into.resident_loras.extend(sorted(session.resident_loras))
         journal = pool.journal
         if journal is not None:
             if journal.reset:  # its first report here

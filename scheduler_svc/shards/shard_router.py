@@ -25,6 +25,7 @@ from common.pb import shard_link_pb2 as pb
 from common.pb import shard_link_pb2_grpc as pb_grpc
 from scheduler_svc.core import RequestStatus, SchedulerConfig
 from scheduler_svc.engine.in_flight import InFlightRequest, to_submit
+from scheduler_svc.engine.lora_registry import adapter_from_message
 from scheduler_svc.shards.remote_worker import RemoteWorker
 
 if TYPE_CHECKING:
@@ -147,6 +148,11 @@ class ShardRouter:
             report.worst_waiting_priority if report.num_waiting else None
         )
         remote.kv_usage = report.kv_usage
+        if report.max_loras:
+            remote.max_loras = report.max_loras
+            remote.available_loras = {a.name for a in report.loras}
+            remote.resident_loras = set(report.resident_loras)
+            engine.loras.learn([adapter_from_message(a) for a in report.loras])
         if report.cached_added or report.cached_removed or report.cached_reset:
             remote.apply_cache_report(
                 list(report.cached_added), list(report.cached_removed), report.cached_reset
