@@ -56,6 +56,8 @@ class ClientApi:
         self.server: grpc.aio.Server | None = None
         self.port = 0
         if intake is not None and scheduler is not None:
+            # the adapters requests may name, as the scheduler last said (gRPC and HTTP alike)
+            intake.lora_names = lambda: {a.name for a in scheduler.lora_adapters()}
             self.server, self.port = self._grpc(cfg, scheduler, intake, rejected, reuse_port)
         self.http_ctx = HttpContext(
             scheduler,

@@ -68,9 +68,6 @@ def create_app(ctx: HttpContext) -> FastAPI:
     if ctx.scheduler is not None:
         app.include_router(priority_router(ctx))
         app.include_router(lora_router(ctx))
-        if ctx.intake is not None:
-            scheduler = ctx.scheduler
-            ctx.intake.lora_names = lambda: {a.name for a in scheduler.lora_adapters()}
 
     @app.get("/health")
     async def health() -> dict:
