@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from common.logging import get_logger
@@ -58,7 +58,6 @@ class LoraUsage:
 class _Draining:
     adapter: LoraAdapter
     task: asyncio.Task | None = None
-    workers: set[str] = field(default_factory=set)
 
 
 class LoraRegistry:
@@ -94,25 +93,31 @@ class LoraRegistry:
 
     # ---- workers ------------------------------------------------------------------------------
     def worker_attached(self, session: Any, reported: list[LoraAdapter]) -> None:
-        """A worker registered with the adapters it has read; it is told to read the others."""
-        wid = session.worker_id
+        """A worker registered with the adapters it has read: it is told to read the others,
+        and the workers already here to read those only it had (--lora-modules given to some
+        workers, or a new leader learning them from its workers in any order)."""
         held = {a.name for a in reported}
-        self.on_workers[wid] = session.available_loras = held
-        self.learn(reported)
-        if getattr(session, "max_loras", 0) <= 0 or not hasattr(session.transport, "send_lora"):
-            return
-        for name, adapter in self.adapters.items():
-            if name not in held:
-                self._send(session, adapter)  # its report adds it to the worker's
-        for name, draining in self._draining.items():
-            if name in held:
-                draining.workers.add(wid)
+        self.on_workers[session.worker_id] = session.available_loras = held
+        learned = self.learn(reported)
+        for other in self.engine._live_sessions():
+            if other is not session and self._takes_adapters(other):
+                for adapter in learned:
+                    if adapter.name not in other.available_loras:
+                        self._send(other, adapter)
+        if self._takes_adapters(session):
+            for name, adapter in self.adapters.items():
+                if name not in held:
+                    self._send(session, adapter)  # its report adds it to the worker's
 
-    def learn(self, adapters: list[LoraAdapter]) -> None:
-        """Adapters a worker has read: a new leader learns them from its workers' reports."""
+    def learn(self, adapters: list[LoraAdapter]) -> list[LoraAdapter]:
+        """Adapters a worker has read: a new leader learns them from its workers' reports.
+        Returns those new here."""
+        learned = []
         for adapter in adapters:
             if adapter.name not in self.adapters and adapter.name not in self._draining:
                 self.adapters[adapter.name] = adapter
+                learned.append(adapter)
+        return learned
 
     def worker_detached(self, session: Any) -> None:
         wid = session.worker_id
@@ -203,8 +208,7 @@ class LoraRegistry:
         if adapter is None:
             raise LoraAdapterError("NOT_FOUND", f"no LoRA adapter {name!r} is loaded")
         in_flight = self._in_flight(name)
-        holders = {wid for wid, held in self.on_workers.items() if name in held}
-        draining = _Draining(adapter, workers=holders)
+        draining = _Draining(adapter)
         self._draining[name] = draining
         draining.task = asyncio.get_running_loop().create_task(self._drop_when_idle(name))
         log.info("lora_unloading", adapter=name, in_flight=in_flight)
@@ -263,8 +267,12 @@ class LoraRegistry:
     async def _drop_when_idle(self, name: str) -> None:
         while self._in_flight(name):
             await asyncio.sleep(UNLOAD_POLL_S)
-        draining = self._draining.pop(name, None)
-        for session in list(self.engine.sessions.values()):
-            if self.available_on(session.worker_id, name) and not session.lost:
-                await self._send_unload(session, name)
-        log.info("lora_unloaded", adapter=name, workers=len(draining.workers) if draining else 0)
+        holders = [
+            s
+            for s in list(self.engine.sessions.values())
+            if self.available_on(s.worker_id, name) and not s.lost
+        ]
+        for session in holders:
+            await self._send_unload(session, name)
+        self._draining.pop(name, None)  # only now may the name be loaded again
+        log.info("lora_unloaded", adapter=name, workers=len(holders))

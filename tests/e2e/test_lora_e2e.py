@@ -67,6 +67,14 @@ def reference(base_dir, adapters, prompt_ids):
 
 
 @pytest.fixture(scope="module")
+def long_reference(base_dir, adapters, prompt_ids):
+    """As `reference`, 4 x MAX_TOKENS tokens, for r4 and r8-rslora."""
+    picked = {name: adapters[name] for name in ("r4", "r8-rslora")}
+    by_adapter = peft_greedy(base_dir, picked, prompt_ids, 4 * MAX_TOKENS)
+    return {(n, i): t for n, outputs in by_adapter.items() for i, t in enumerate(outputs)}
+
+
+@pytest.fixture(scope="module")
 def lora_cluster(tmp_path_factory, adapters):
     c = Cluster(tmp_path_factory.mktemp("lora-cluster"))
     http_port = free_port()
@@ -111,13 +119,16 @@ def unload(hc: HttpCluster, name: str) -> httpx.Response:
     )
 
 
-def stream_tokens(hc: HttpCluster, model: str, prompt_ids: list[int], workers=None) -> list[int]:
+def stream_tokens(
+    hc: HttpCluster, model: str, prompt_ids: list[int], workers=None, long: bool = False
+) -> list[int]:
+    """Greedy tokens; `long`: 4 x MAX_TOKENS of them (the first MAX_TOKENS are the reference's)."""
     tokens = []
     with hc.grpc_client() as client:
         for msg in client.stream(
             token_ids=prompt_ids,
             model=model,
-            max_tokens=MAX_TOKENS,
+            max_tokens=MAX_TOKENS * (4 if long else 1),
             temperature=0.0,
             ignore_eos=True,
         ):
@@ -192,10 +203,27 @@ def test_bad_adapters_are_refused_and_nothing_stays_loaded(
     assert no_key.status_code == 401
 
 
-def test_four_kinds_mixed_equal_hf_peft(lora_cluster, base_dir, adapters, prompt_ids, reference):
+def test_four_kinds_mixed_equal_hf_peft(
+    lora_cluster, base_dir, adapters, prompt_ids, reference, long_reference
+):
+    # loaded while requests run: they go on untouched
+    busy: dict = {}
+    runs = [
+        threading.Thread(
+            target=lambda i=i: busy.update(
+                {i: stream_tokens(lora_cluster, "r4", prompt_ids[i % 2], long=True)}
+            )
+        )
+        for i in range(4)
+    ]
+    for t in runs:
+        t.start()
     for name in ("r8-rslora", "r16-some"):
         answer = load(lora_cluster, name, adapters[name])
         assert answer.status_code == 200, answer.text
+    for t in runs:
+        t.join(300)
+    assert all(busy[i] == long_reference[("r4", i % 2)] for i in range(4)), busy
     listed = models(lora_cluster)
     assert {"r4", "r8-rslora", "r16-some"} <= listed.keys()
     # three adapters and the base, two prompts each, all at once on 2 workers of 2 slots
@@ -275,42 +303,43 @@ def test_unload_lets_the_requests_in_flight_finish(lora_cluster, adapters, promp
         time.sleep(0.5)
 
 
-def test_worker_killed_under_adapter_requests(lora_cluster, prompt_ids, reference):
-    """kill -9 the worker running adapter requests: they finish on the other one, exact."""
+def test_worker_killed_under_adapter_requests(lora_cluster, adapters, prompt_ids, long_reference):
+    """kill -9 the worker running most adapter requests: they finish on the other one, exact."""
+    if "r8-rslora" not in models(lora_cluster):  # run alone: load what it uses
+        assert load(lora_cluster, "r8-rslora", adapters["r8-rslora"]).status_code == 200
     results: dict = {}
-    workers: dict = {}
-    progress = {i: 0 for i in range(6)}
+    workers: dict = {i: set() for i in range(6)}  # filled as the streams say
+    progress = dict.fromkeys(range(6), 0)
 
     def one(i):
-        name = ("r4", "r8-rslora")[i % 2]
-        seen: set = set()
         tokens = []
         with lora_cluster.grpc_client() as client:
             for msg in client.stream(
                 token_ids=prompt_ids[i % 2],
-                model=name,
-                max_tokens=MAX_TOKENS,
+                model=("r4", "r8-rslora")[i % 2],
+                max_tokens=4 * MAX_TOKENS,
                 temperature=0.0,
                 ignore_eos=True,
             ):
                 tokens.extend(msg.token_ids)
                 progress[i] = len(tokens)
                 if msg.worker_id:
-                    seen.add(msg.worker_id)
-        results[i], workers[i] = tokens, seen
+                    workers[i].add(msg.worker_id)
+        results[i] = tokens
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 120
-    while sum(progress.values()) < 6:
+    while sum(progress.values()) < 12:
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    lora_cluster.procs["w0"].signal(signal.SIGKILL)
+    busiest = max(("w0", "w1"), key=lambda w: sum(w in seen for seen in workers.values()))
+    lora_cluster.procs[busiest].signal(signal.SIGKILL)
     for t in threads:
         t.join(300)
     moved = [i for i in range(6) if workers[i] == {"w0", "w1"}]
-    assert moved, workers  # some ran on w0 when it died and finished on w1
+    assert moved, workers  # some ran on the killed worker and finished on the other
     for i in range(6):
         name = ("r4", "r8-rslora")[i % 2]
-        assert results[i] == reference[(name, i % 2)], (i, workers[i])
+        assert results[i] == long_reference[(name, i % 2)], (i, workers[i])

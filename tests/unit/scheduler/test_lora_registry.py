@@ -132,6 +132,14 @@ def test_a_later_worker_reads_what_the_leader_knows_and_a_new_leader_learns_from
         await asyncio.sleep(0.01)
         assert late.commands == [("chat", "/a/chat", False)]
         assert "chat" in session.available_loras
+        # one attached before the worker that had it: told to read it then
+        early = LoraWorker()
+        engine2 = make_engine()
+        first = attach(engine2, "w0", early)
+        attach(engine2, "w1", LoraWorker(), held=("sql",))
+        await asyncio.sleep(0.01)
+        assert early.commands == [("sql", "/a/sql", False)]
+        assert "sql" in first.available_loras
 
     asyncio.run(main())
 

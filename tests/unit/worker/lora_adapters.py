@@ -76,8 +76,10 @@ def peft_greedy(
                 input_ids=ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=n,
-                min_new_tokens=n,
                 do_sample=False,
+                # EOS neither stops nor is suppressed (min_new_tokens would mask it): as the
+                # runner samples, which leaves stopping to the scheduler
+                eos_token_id=None,
             )
             outs.append(out[0, len(prompt) :].tolist())
         return outs
