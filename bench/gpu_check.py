@@ -11,8 +11,10 @@ It runs bench/worker_forward.py on the device three times, each in its own proce
 3. bfloat16 throughput: the whole W64 workload (the runner with its CUDA graphs for pure-decode
    steps), pure-decode batches and prefill chunks, beside HF `generate` in static batches of 16
    and transformers' continuous batching (`generate_batch`) on the same GPU;
-4. the same W64 workload with --no-cuda-graphs, which shows what the graphs are worth.
-Exit status 0 only when both checks pass. Results: --json (default gpu_check.json).
+4. the same W64 workload with --no-cuda-graphs, which shows what the graphs are worth;
+5. LoRA (bench/lora_device_check.py): three PEFT adapters and the base model mixed in one
+   batch on the device, greedy tokens equal to HF + PEFT's.
+Exit status 0 only when the three checks pass. Results: --json (default gpu_check.json).
 """
 
 from __future__ import annotations
@@ -95,6 +97,14 @@ def main() -> int:
             args,
             console,
         )
+    lora = subprocess.run(
+        [sys.executable, str(HERE / "lora_device_check.py"), "--device", args.device],
+        capture_output=True,
+        text=True,
+    )
+    console.print(lora.stdout[-2000:], lora.stderr[-2000:])
+    lora_ok = lora.returncode == 0
+    results["lora_check"] = {"passed": lora_ok}
     eq = fp32["check"]
     greedy_ok = eq["equal"] == eq["compared"] > 0
     diff = bf16["check"]["mean_abs_logprob_diff"]
@@ -113,6 +123,7 @@ def main() -> int:
         "pass" if bf16_ok else "FAIL",
         f"mean |Δ| {diff:.4f}, max {worst:.3f}",
     )
+    table.add_row("LoRA mixed batch == HF + PEFT", "pass" if lora_ok else "FAIL", "float32")
     table.add_row(
         "float32 W64 subset",
         f"{fp32['w64']['tok_s']:.1f} tok/s",
@@ -135,7 +146,7 @@ def main() -> int:
                 f"{d['step_ms']:.1f} ms/step",
             )
     Console().print(table)
-    results["passed"] = greedy_ok and bf16_ok
+    results["passed"] = greedy_ok and bf16_ok and lora_ok
     args.json.write_text(json.dumps(results, indent=2))
     return 0 if results["passed"] else 1
 
