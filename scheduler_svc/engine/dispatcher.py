@@ -130,6 +130,8 @@ class Dispatcher:
         state.worker_id = session.worker_id
         session.request_ids.add(state.request_id)
         placement.add_inflight(session, state.inflight_hashes)
+        if state.lora_name:
+            session.placed_loras[state.lora_name] += 1
         log.info(
             "request_placed",
             request_id=state.request_id,

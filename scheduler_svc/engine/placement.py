@@ -87,8 +87,10 @@ def _choose_for_adapter(
         return Placement(least, "only_worker", prefix_tokens(least, request), least.load)
     name = request.lora_name
     near = [s for s in capable if not much_busier(s, least, cfg)]
-    resident = [s for s in near if name in s.resident_loras]
-    free_slot = [s for s in near if len(s.resident_loras) < s.max_loras]
+    # in a slot as the worker last said, or soon: a request with it was placed there (a burst
+    # of a new adapter lands on one worker, not on every free slot before the reports come)
+    resident = [s for s in near if name in s.resident_loras or s.placed_loras.get(name)]
+    free_slot = [s for s in near if len(s.resident_loras | s.placed_loras.keys()) < s.max_loras]
     reason = "lora" if resident else "lora_free_slot" if free_slot else "least_loaded"
     hits = [(prefix_tokens(s, request), s) for s in resident or free_slot or near]
     # a prefix too short to steer for counts as none: then the least loaded of them

@@ -257,6 +257,8 @@ class ServingEngine:
         if session is not None:
             session.request_ids.discard(state.request_id)
             placement.remove_inflight(session.inflight_hashes, state.inflight_hashes)
+            if state.lora_name:
+                placement.remove_inflight(session.placed_loras, [state.lora_name])
         state.inflight_hashes = []
         return session
 

@@ -114,6 +114,8 @@ class WorkerSession:
     max_loras: int = 0  # LoRA adapter slots, from its registration (0 = it runs no adapters)
     resident_loras: set[str] = field(default_factory=set)  # adapters in its slots, as reported
     available_loras: set[str] = field(default_factory=set)  # adapters it has read (can run)
+    # adapters of the requests placed here: in a slot by their first step, before it says so
+    placed_loras: Counter = field(default_factory=Counter)
 
     @property
     def worker_id(self) -> str:

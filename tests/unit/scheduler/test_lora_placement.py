@@ -179,3 +179,16 @@ def test_an_adapter_request_no_worker_can_run_fails_with_a_sentence():
         [[("w0", "b")], []],
         [[], [("w1", "b")]],
     )
+
+
+def test_a_burst_of_a_new_adapter_follows_its_first_placement_before_any_report():
+    """Nothing resident yet on either worker: the second request of a burst goes where the
+    first was placed (its adapter is in a slot there by its first step), not to another free
+    slot, unless that worker becomes much busier."""
+    w0, w1 = worker("w0", load=1), worker("w1", load=0)
+    w0.placed_loras["X"] += 1
+    choice = choose(lora_req("r", "X"), [w0, w1], CFG)
+    assert (choice.session, choice.reason) == (w0, "lora")
+    # two other adapters placed on w1 fill its slots: Y then goes to w0's free slot
+    w1.placed_loras.update({"A": 1, "B": 1})
+    assert choose(lora_req("y", "Y"), [w0, w1], CFG).session is w0
