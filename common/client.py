@@ -58,6 +58,7 @@ def build_request(
     tenant: str = "",
     deadline_s: float = 0.0,
     n: int = 0,
+    lora_name: str = "",
     **sampling,
 ) -> pb.GenerateRequest:
     unknown = set(sampling) - _SAMPLING_FIELDS
@@ -70,6 +71,7 @@ def build_request(
         tenant=tenant,
         deadline_s=deadline_s,
         n=n,
+        lora_name=lora_name,
         sampling=sampling_pb2.SamplingParams(
             **{k: v for k, v in sampling.items() if v is not None}
         ),

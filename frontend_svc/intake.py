@@ -199,6 +199,15 @@ class Intake:
 
     def build(self, request: gen_pb.GenerateRequest) -> ClientRequest:
         lora_name = self.check_model(request.model)
+        if request.lora_name:
+            named = self.check_model(request.lora_name)
+            if not named or (request.model and named != lora_name):
+                raise FieldRejected(
+                    "lora_name",
+                    f"lora_name {request.lora_name!r} is not an adapter of this server or "
+                    f"disagrees with model {request.model!r}",
+                )
+            lora_name = named
         if len(request.request_id) > MAX_REQUEST_ID_LEN:
             raise FieldRejected(
                 "request_id", f"request_id is longer than {MAX_REQUEST_ID_LEN} characters"

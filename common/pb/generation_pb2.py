@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from common.pb import sampling_pb2 as common_dot_pb_dot_sampling__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x63ommon/pb/generation.proto\x12\rsplitserve.v1\x1a\x18\x63ommon/pb/sampling.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"<\n\x0c\x43hatMessages\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.splitserve.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"\x87\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12,\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x17.splitserve.v1.TokenIdsH\x00\x12+\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x1b.splitserve.v1.ChatMessagesH\x00\x12/\n\x08sampling\x18\x05 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12\r\n\x05model\x18\x06 \x01(\t\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x0e\n\x06tenant\x18\x08 \x01(\t\x12\x12\n\ndeadline_s\x18\t \x01(\x01\x12\x1e\n\x16include_special_tokens\x18\n \x01(\x08\x12\x1d\n\x15\x65\x63ho_prompt_token_ids\x18\x0b \x01(\x08\x12\t\n\x01n\x18\x0c \x01(\r\x12\x15\n\rttft_target_s\x18\r \x01(\x01\x12\x15\n\rtpot_target_s\x18\x0e \x01(\x01\x42\x07\n\x05input\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"Y\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12&\n\x03top\x18\x03 \x03(\x0b\x32\x19.splitserve.v1.TopLogprob\"\xbc\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x32\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1b.splitserve.v1.FinishReason\x12\x13\n\x0bstop_reason\x18\x05 \x01(\t\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x07 \x01(\r\x12-\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1b.splitserve.v1.TokenLogprob\x12\x18\n\x10prompt_token_ids\x18\t \x03(\x03\x12\r\n\x05\x65rror\x18\n \x01(\t\x12\x11\n\tworker_id\x18\x0b \x01(\t\x12\r\n\x05index\x18\x0c \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x0f\n\rAbortResponse\":\n\x12SetPriorityRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08priority\x18\x02 \x01(\x05\"\x15\n\x13SetPriorityResponse\"\x13\n\x11ServerInfoRequest\"\xce\x02\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x12\n\nnum_blocks\x18\x03 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x04 \x01(\r\x12\x17\n\x0fnum_host_blocks\x18\x05 \x01(\r\x12\x13\n\x0bnum_running\x18\x06 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x07 \x01(\r\x12\x10\n\x08kv_usage\x18\x08 \x01(\x01\x12\x17\n\x0fnum_preemptions\x18\t \x01(\x04\x12\x11\n\tnum_steps\x18\n \x01(\x04\x12\r\n\x05state\x18\x0b \x01(\t\x12\x15\n\rnum_swap_outs\x18\x0c \x01(\x04\x12\x1d\n\x15num_recomputed_tokens\x18\r \x01(\x04\x12\x16\n\x0eresident_loras\x18\x0e \x03(\t\x12\x11\n\tmax_loras\x18\x0f \x01(\r\"\x9c\x03\n\nServerInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x19\n\x11scheduling_policy\x18\x04 \x01(\t\x12*\n\x07workers\x18\x05 \x03(\x0b\x32\x19.splitserve.v1.WorkerInfo\x12\x1e\n\x16num_requests_in_flight\x18\x06 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x07 \x01(\r\x12\x13\n\x0bnum_running\x18\x08 \x01(\r\x12\x17\n\x0fnum_preemptions\x18\t \x01(\x04\x12\x1d\n\x15num_requests_finished\x18\n \x01(\x04\x12\x0f\n\x07version\x18\x0b \x01(\t\x12)\n\x05loras\x18\x0c \x03(\x0b\x32\x1a.splitserve.v1.LoraAdapter\x12\x11\n\tmax_loras\x18\r \x01(\r\x12\x1d\n\x15running_lora_adapters\x18\x0e \x03(\t\x12\x1d\n\x15waiting_lora_adapters\x18\x0f \x03(\t\"O\n\x0bLoraAdapter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12\x16\n\x0etarget_modules\x18\x04 \x03(\t*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x32\xc3\x02\n\nGeneration\x12M\n\x08Generate\x12\x1e.splitserve.v1.GenerateRequest\x1a\x1f.splitserve.v1.GenerateResponse0\x01\x12\x42\n\x05\x41\x62ort\x12\x1b.splitserve.v1.AbortRequest\x1a\x1c.splitserve.v1.AbortResponse\x12L\n\rGetServerInfo\x12 .splitserve.v1.ServerInfoRequest\x1a\x19.splitserve.v1.ServerInfo\x12T\n\x0bSetPriority\x12!.splitserve.v1.SetPriorityRequest\x1a\".splitserve.v1.SetPriorityResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x63ommon/pb/generation.proto\x12\rsplitserve.v1\x1a\x18\x63ommon/pb/sampling.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"<\n\x0c\x43hatMessages\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.splitserve.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"\x9a\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12,\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x17.splitserve.v1.TokenIdsH\x00\x12+\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x1b.splitserve.v1.ChatMessagesH\x00\x12/\n\x08sampling\x18\x05 \x01(\x0b\x32\x1d.splitserve.v1.SamplingParams\x12\r\n\x05model\x18\x06 \x01(\t\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x0e\n\x06tenant\x18\x08 \x01(\t\x12\x12\n\ndeadline_s\x18\t \x01(\x01\x12\x1e\n\x16include_special_tokens\x18\n \x01(\x08\x12\x1d\n\x15\x65\x63ho_prompt_token_ids\x18\x0b \x01(\x08\x12\t\n\x01n\x18\x0c \x01(\r\x12\x15\n\rttft_target_s\x18\r \x01(\x01\x12\x15\n\rtpot_target_s\x18\x0e \x01(\x01\x12\x11\n\tlora_name\x18\x0f \x01(\tB\x07\n\x05input\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"Y\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x03\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12&\n\x03top\x18\x03 \x03(\x0b\x32\x19.splitserve.v1.TopLogprob\"\xbc\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x32\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1b.splitserve.v1.FinishReason\x12\x13\n\x0bstop_reason\x18\x05 \x01(\t\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x07 \x01(\r\x12-\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1b.splitserve.v1.TokenLogprob\x12\x18\n\x10prompt_token_ids\x18\t \x03(\x03\x12\r\n\x05\x65rror\x18\n \x01(\t\x12\x11\n\tworker_id\x18\x0b \x01(\t\x12\r\n\x05index\x18\x0c \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x0f\n\rAbortResponse\":\n\x12SetPriorityRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08priority\x18\x02 \x01(\x05\"\x15\n\x13SetPriorityResponse\"\x13\n\x11ServerInfoRequest\"\xce\x02\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x12\n\nnum_blocks\x18\x03 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x04 \x01(\r\x12\x17\n\x0fnum_host_blocks\x18\x05 \x01(\r\x12\x13\n\x0bnum_running\x18\x06 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x07 \x01(\r\x12\x10\n\x08kv_usage\x18\x08 \x01(\x01\x12\x17\n\x0fnum_preemptions\x18\t \x01(\x04\x12\x11\n\tnum_steps\x18\n \x01(\x04\x12\r\n\x05state\x18\x0b \x01(\t\x12\x15\n\rnum_swap_outs\x18\x0c \x01(\x04\x12\x1d\n\x15num_recomputed_tokens\x18\r \x01(\x04\x12\x16\n\x0eresident_loras\x18\x0e \x03(\t\x12\x11\n\tmax_loras\x18\x0f \x01(\r\"\x9c\x03\n\nServerInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x19\n\x11scheduling_policy\x18\x04 \x01(\t\x12*\n\x07workers\x18\x05 \x03(\x0b\x32\x19.splitserve.v1.WorkerInfo\x12\x1e\n\x16num_requests_in_flight\x18\x06 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x07 \x01(\r\x12\x13\n\x0bnum_running\x18\x08 \x01(\r\x12\x17\n\x0fnum_preemptions\x18\t \x01(\x04\x12\x1d\n\x15num_requests_finished\x18\n \x01(\x04\x12\x0f\n\x07version\x18\x0b \x01(\t\x12)\n\x05loras\x18\x0c \x03(\x0b\x32\x1a.splitserve.v1.LoraAdapter\x12\x11\n\tmax_loras\x18\r \x01(\r\x12\x1d\n\x15running_lora_adapters\x18\x0e \x03(\t\x12\x1d\n\x15waiting_lora_adapters\x18\x0f \x03(\t\"O\n\x0bLoraAdapter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12\x16\n\x0etarget_modules\x18\x04 \x03(\t*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x32\xc3\x02\n\nGeneration\x12M\n\x08Generate\x12\x1e.splitserve.v1.GenerateRequest\x1a\x1f.splitserve.v1.GenerateResponse0\x01\x12\x42\n\x05\x41\x62ort\x12\x1b.splitserve.v1.AbortRequest\x1a\x1c.splitserve.v1.AbortResponse\x12L\n\rGetServerInfo\x12 .splitserve.v1.ServerInfoRequest\x1a\x19.splitserve.v1.ServerInfo\x12T\n\x0bSetPriority\x12!.splitserve.v1.SetPriorityRequest\x1a\".splitserve.v1.SetPriorityResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'common.pb.generation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2048
-  _globals['_FINISHREASON']._serialized_end=2193
+  _globals['_FINISHREASON']._serialized_start=2067
+  _globals['_FINISHREASON']._serialized_end=2212
   _globals['_CHATMESSAGE']._serialized_start=71
   _globals['_CHATMESSAGE']._serialized_end=115
   _globals['_CHATMESSAGES']._serialized_start=117
@@ -41,29 +41,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=179
   _globals['_TOKENIDS']._serialized_end=202
   _globals['_GENERATEREQUEST']._serialized_start=205
-  _globals['_GENERATEREQUEST']._serialized_end=596
-  _globals['_TOPLOGPROB']._serialized_start=598
-  _globals['_TOPLOGPROB']._serialized_end=645
-  _globals['_TOKENLOGPROB']._serialized_start=647
-  _globals['_TOKENLOGPROB']._serialized_end=736
-  _globals['_GENERATERESPONSE']._serialized_start=739
-  _globals['_GENERATERESPONSE']._serialized_end=1055
-  _globals['_ABORTREQUEST']._serialized_start=1057
-  _globals['_ABORTREQUEST']._serialized_end=1091
-  _globals['_ABORTRESPONSE']._serialized_start=1093
-  _globals['_ABORTRESPONSE']._serialized_end=1108
-  _globals['_SETPRIORITYREQUEST']._serialized_start=1110
-  _globals['_SETPRIORITYREQUEST']._serialized_end=1168
-  _globals['_SETPRIORITYRESPONSE']._serialized_start=1170
-  _globals['_SETPRIORITYRESPONSE']._serialized_end=1191
-  _globals['_SERVERINFOREQUEST']._serialized_start=1193
-  _globals['_SERVERINFOREQUEST']._serialized_end=1212
-  _globals['_WORKERINFO']._serialized_start=1215
-  _globals['_WORKERINFO']._serialized_end=1549
-  _globals['_SERVERINFO']._serialized_start=1552
-  _globals['_SERVERINFO']._serialized_end=1964
-  _globals['_LORAADAPTER']._serialized_start=1966
-  _globals['_LORAADAPTER']._serialized_end=2045
-  _globals['_GENERATION']._serialized_start=2196
-  _globals['_GENERATION']._serialized_end=2519
+  _globals['_GENERATEREQUEST']._serialized_end=615
+  _globals['_TOPLOGPROB']._serialized_start=617
+  _globals['_TOPLOGPROB']._serialized_end=664
+  _globals['_TOKENLOGPROB']._serialized_start=666
+  _globals['_TOKENLOGPROB']._serialized_end=755
+  _globals['_GENERATERESPONSE']._serialized_start=758
+  _globals['_GENERATERESPONSE']._serialized_end=1074
+  _globals['_ABORTREQUEST']._serialized_start=1076
+  _globals['_ABORTREQUEST']._serialized_end=1110
+  _globals['_ABORTRESPONSE']._serialized_start=1112
+  _globals['_ABORTRESPONSE']._serialized_end=1127
+  _globals['_SETPRIORITYREQUEST']._serialized_start=1129
+  _globals['_SETPRIORITYREQUEST']._serialized_end=1187
+  _globals['_SETPRIORITYRESPONSE']._serialized_start=1189
+  _globals['_SETPRIORITYRESPONSE']._serialized_end=1210
+  _globals['_SERVERINFOREQUEST']._serialized_start=1212
+  _globals['_SERVERINFOREQUEST']._serialized_end=1231
+  _globals['_WORKERINFO']._serialized_start=1234
+  _globals['_WORKERINFO']._serialized_end=1568
+  _globals['_SERVERINFO']._serialized_start=1571
+  _globals['_SERVERINFO']._serialized_end=1983
+  _globals['_LORAADAPTER']._serialized_start=1985
+  _globals['_LORAADAPTER']._serialized_end=2064
+  _globals['_GENERATION']._serialized_start=2215
+  _globals['_GENERATION']._serialized_end=2538
 # @@protoc_insertion_point(module_scope)

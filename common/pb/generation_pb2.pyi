@@ -42,7 +42,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "chat", "sampling", "model", "priority", "tenant", "deadline_s", "include_special_tokens", "echo_prompt_token_ids", "n", "ttft_target_s", "tpot_target_s")
+    __slots__ = ("request_id", "text", "token_ids", "chat", "sampling", "model", "priority", "tenant", "deadline_s", "include_special_tokens", "echo_prompt_token_ids", "n", "ttft_target_s", "tpot_target_s", "lora_name")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class GenerateRequest(_message.Message):
     N_FIELD_NUMBER: _ClassVar[int]
     TTFT_TARGET_S_FIELD_NUMBER: _ClassVar[int]
     TPOT_TARGET_S_FIELD_NUMBER: _ClassVar[int]
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -71,7 +72,8 @@ class GenerateRequest(_message.Message):
     n: int
     ttft_target_s: float
     tpot_target_s: float
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., model: _Optional[str] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., deadline_s: _Optional[float] = ..., include_special_tokens: _Optional[bool] = ..., echo_prompt_token_ids: _Optional[bool] = ..., n: _Optional[int] = ..., ttft_target_s: _Optional[float] = ..., tpot_target_s: _Optional[float] = ...) -> None: ...
+    lora_name: str
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., model: _Optional[str] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., deadline_s: _Optional[float] = ..., include_special_tokens: _Optional[bool] = ..., echo_prompt_token_ids: _Optional[bool] = ..., n: _Optional[int] = ..., ttft_target_s: _Optional[float] = ..., tpot_target_s: _Optional[float] = ..., lora_name: _Optional[str] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("token_id", "logprob")

@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 
+import grpc
 import httpx
 import pytest
 
@@ -233,6 +234,19 @@ def test_four_kinds_mixed_equal_hf_peft(
         assert results[key] == reference[key], key
     # the adapters change the output: the test would notice them being ignored
     assert reference[("r4", 0)] != reference[("", 0)]
+    # gRPC's lora_name field names an adapter as `model` does; a wrong one is refused
+    with lora_cluster.grpc_client() as client:
+        named = client.generate(
+            token_ids=prompt_ids[1],
+            lora_name="r8-rslora",
+            max_tokens=MAX_TOKENS,
+            temperature=0.0,
+            ignore_eos=True,
+        )
+        assert list(named.token_ids) == reference[("r8-rslora", 1)]
+        with pytest.raises(grpc.RpcError) as err:
+            client.generate(token_ids=prompt_ids[1], lora_name="nope", max_tokens=1)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     # the OpenAI client names an adapter as its model
     text = (
         lora_cluster.openai()
