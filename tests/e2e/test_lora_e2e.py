@@ -20,6 +20,7 @@ import grpc
 import httpx
 import pytest
 
+from common.client import SplitserveClient
 from tests.e2e.conftest import SCHEDULER_FLAGS, WORKER_FLAGS
 from tests.e2e.http_cluster import API_KEY, AUTH, HttpCluster
 from tests.e2e.procs import Cluster, free_port
@@ -357,3 +358,42 @@ def test_worker_killed_under_adapter_requests(lora_cluster, adapters, prompt_ids
     for i in range(6):
         name = ("r4", "r8-rslora")[i % 2]
         assert results[i] == long_reference[(name, i % 2)], (i, workers[i])
+
+
+def test_adapters_through_a_step_shard(tmp_path, adapters, prompt_ids, reference):
+    """A shard's worker read r4 at start: the shard reports it, the leader learns it, places
+    r4 requests there and the front-end serves it; tokens equal HF + PEFT's."""
+    from tests.e2e.test_step_shards import ShardedCluster
+
+    sharded = ShardedCluster(Cluster(tmp_path))
+    worker_args = (
+        *WORKER_FLAGS,
+        "--num-threads",
+        "1",
+        "--max-loras",
+        "2",
+        "--lora-modules",
+        f"r4={adapters['r4']}",
+    )
+    try:
+        sharded.start(1, worker_args=worker_args)
+        with SplitserveClient(sharded.target, timeout=120) as client:
+            deadline = time.monotonic() + 300
+            while not [a.name for a in client.server_info().loras]:
+                assert time.monotonic() < deadline, sharded.base.logs()
+                time.sleep(0.5)
+            assert [a.name for a in client.server_info().loras] == ["r4"]
+            for i in range(len(PROMPTS)):
+                tokens = client.generate(
+                    token_ids=prompt_ids[i],
+                    model="r4",
+                    max_tokens=MAX_TOKENS,
+                    temperature=0.0,
+                    ignore_eos=True,
+                ).token_ids
+                assert list(tokens) == reference[("r4", i)], i
+    except BaseException:
+        print(sharded.base.logs())
+        raise
+    finally:
+        sharded.base.stop_all()

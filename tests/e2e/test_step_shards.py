@@ -37,7 +37,7 @@ class ShardedCluster:
     def target(self) -> str:
         return f"127.0.0.1:{self.frontend_port}"
 
-    def start(self, num_shards: int, *sched: str) -> None:
+    def start(self, num_shards: int, *sched: str, worker_args: tuple = SIM) -> None:
         c = self.base
         c.scheduler = c._spawn(
             "leader",
@@ -79,7 +79,7 @@ class ShardedCluster:
             # its own shard first, the others for when that one is lost (it takes its rows)
             others = [p for p in self.shard_ports if p != port]
             dial = ",".join(f"127.0.0.1:{p}" for p in [port, *others])
-            c._spawn(f"w{i}", ["worker", "--scheduler", dial, "--worker-id", f"w{i}", *SIM])
+            c._spawn(f"w{i}", ["worker", "--scheduler", dial, "--worker-id", f"w{i}", *worker_args])
         frontend = c._spawn(
             "frontend",
             [
