@@ -129,10 +129,19 @@ def workers(client) -> dict[str, object]:
 
 
 def wait_workers(client, n: int, timeout: float = 60) -> None:
+    """Until the server reports n workers; a front-end apart answers UNAVAILABLE until it has
+    reached the leader, which counts as none yet."""
     deadline = time.monotonic() + timeout
-    while len(workers(client)) != n:
-        assert time.monotonic() < deadline, f"expected {n} workers, have {list(workers(client))}"
+    seen: dict[str, object] = {}
+    while len(seen) != n:
+        assert time.monotonic() < deadline, f"expected {n} workers, have {list(seen)}"
         time.sleep(0.05)
+        try:
+            seen = workers(client)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            seen = {}
 
 
 def test_scale_from_one_to_three_while_streaming(cluster):
