@@ -67,7 +67,7 @@ sys.path.insert(0, str(ROOT))
 
 CLI = [sys.executable, "-m", "splitserve.cli"]
 TRACE_FLUSH_S = 0.25
-# the cluster the tier is sized for (issue #38): 64 workers x 256 rows, a step every 10 ms
+# the cluster the tier is sized for: workers x rows per worker / seconds per step
 TARGET_REQUEST_STEPS_PER_S = 64 * 256 / 0.010
 
 

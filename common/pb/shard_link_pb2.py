@@ -26,7 +26,7 @@ from common.pb import frontend_link_pb2 as common_dot_pb_dot_frontend__link__pb2
 from common.pb import generation_pb2 as common_dot_pb_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x63ommon/pb/shard_link.proto\x12\rsplitserve.v1\x1a\x1d\x63ommon/pb/frontend_link.proto\x1a\x1a\x63ommon/pb/generation.proto\"o\n\x0cShardMessage\x12*\n\x05hello\x18\x01 \x01(\x0b\x32\x19.splitserve.v1.ShardHelloH\x00\x12,\n\x06report\x18\x02 \x01(\x0b\x32\x1a.splitserve.v1.ShardReportH\x00\x42\x05\n\x03msg\"Q\n\nShardHello\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x16\n\x0eworker_address\x18\x04 \x01(\t\"\xd3\x03\n\x0bShardWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x19\n\x11num_device_blocks\x18\x04 \x01(\r\x12\x15\n\rmax_model_len\x18\x05 \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x06 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\x07 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x08 \x01(\r\x12\x13\n\x0bnum_running\x18\t \x01(\r\x12\x10\n\x08kv_usage\x18\n \x01(\x02\x12\x14\n\x0c\x63\x61\x63hed_added\x18\x0b \x03(\x0c\x12\x16\n\x0e\x63\x61\x63hed_removed\x18\x0c \x03(\x0c\x12\x14\n\x0c\x63\x61\x63hed_reset\x18\r \x01(\x08\x12\x16\n\x0e\x65nable_caching\x18\x0e \x01(\x08\x12\x1e\n\x16worst_waiting_priority\x18\x0f \x01(\x05\x12\x18\n\x10held_request_ids\x18\x10 \x03(\t\x12\x11\n\tmax_loras\x18\x11 \x01(\r\x12)\n\x05loras\x18\x12 \x03(\x0b\x32\x1a.splitserve.v1.LoraAdapter\x12\x16\n\x0eresident_loras\x18\x13 \x03(\t\":\n\x0e\x46rontendTokens\x12\x13\n\x0b\x66rontend_id\x18\x01 \x01(\t\x12\x13\n\x0btoken_batch\x18\x02 \x01(\x0c\"q\n\x0c\x45ndedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x32\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x1b.splitserve.v1.FinishReason\x12\x19\n\x11num_output_tokens\x18\x03 \x01(\r\"\xda\x01\n\x0bShardReport\x12+\n\x07workers\x18\x01 \x03(\x0b\x32\x1a.splitserve.v1.ShardWorker\x12-\n\x06tokens\x18\x02 \x03(\x0b\x32\x1d.splitserve.v1.FrontendTokens\x12*\n\x05\x65nded\x18\x03 \x03(\x0b\x32\x1b.splitserve.v1.EndedRequest\x12.\n\x08returned\x18\x04 \x03(\x0b\x32\x1c.splitserve.v1.SubmitRequest\x12\x13\n\x0b\x66irst_token\x18\x06 \x03(\t\"\xb7\x01\n\x0cShardCommand\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x31\n\thello_ack\x18\x02 \x01(\x0b\x32\x1c.splitserve.v1.ShardHelloAckH\x00\x12.\n\x06\x61ssign\x18\x03 \x01(\x0b\x32\x1c.splitserve.v1.AssignRequestH\x00\x12.\n\x06\x63\x61ncel\x18\x04 \x01(\x0b\x32\x1c.splitserve.v1.CancelRequestH\x00\x42\x05\n\x03msg\"%\n\rShardHelloAck\x12\x14\n\x0cscheduler_id\x18\x01 \x01(\t\"f\n\rAssignRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66rontend_id\x18\x02 \x01(\t\x12-\n\x07request\x18\x03 \x01(\x0b\x32\x1c.splitserve.v1.SubmitRequest2T\n\tShardLink\x12G\n\x07\x43onnect\x12\x1b.splitserve.v1.ShardMessage\x1a\x1b.splitserve.v1.ShardCommand(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x63ommon/pb/shard_link.proto\x12\rsplitserve.v1\x1a\x1d\x63ommon/pb/frontend_link.proto\x1a\x1a\x63ommon/pb/generation.proto\"o\n\x0cShardMessage\x12*\n\x05hello\x18\x01 \x01(\x0b\x32\x19.splitserve.v1.ShardHelloH\x00\x12,\n\x06report\x18\x02 \x01(\x0b\x32\x1a.splitserve.v1.ShardReportH\x00\x42\x05\n\x03msg\"Q\n\nShardHello\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x16\n\x0eworker_address\x18\x04 \x01(\t\"\xea\x03\n\x0bShardWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x19\n\x11num_device_blocks\x18\x04 \x01(\r\x12\x15\n\rmax_model_len\x18\x05 \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x06 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\x07 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x08 \x01(\r\x12\x13\n\x0bnum_running\x18\t \x01(\r\x12\x10\n\x08kv_usage\x18\n \x01(\x02\x12\x14\n\x0c\x63\x61\x63hed_added\x18\x0b \x03(\x0c\x12\x16\n\x0e\x63\x61\x63hed_removed\x18\x0c \x03(\x0c\x12\x14\n\x0c\x63\x61\x63hed_reset\x18\r \x01(\x08\x12\x16\n\x0e\x65nable_caching\x18\x0e \x01(\x08\x12\x1e\n\x16worst_waiting_priority\x18\x0f \x01(\x05\x12\x18\n\x10held_request_ids\x18\x10 \x03(\t\x12\x11\n\tmax_loras\x18\x11 \x01(\r\x12)\n\x05loras\x18\x12 \x03(\x0b\x32\x1a.splitserve.v1.LoraAdapter\x12\x16\n\x0eresident_loras\x18\x13 \x03(\t\x12\x15\n\rloras_changed\x18\x14 \x01(\x08\":\n\x0e\x46rontendTokens\x12\x13\n\x0b\x66rontend_id\x18\x01 \x01(\t\x12\x13\n\x0btoken_batch\x18\x02 \x01(\x0c\"q\n\x0c\x45ndedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x32\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x1b.splitserve.v1.FinishReason\x12\x19\n\x11num_output_tokens\x18\x03 \x01(\r\"\xda\x01\n\x0bShardReport\x12+\n\x07workers\x18\x01 \x03(\x0b\x32\x1a.splitserve.v1.ShardWorker\x12-\n\x06tokens\x18\x02 \x03(\x0b\x32\x1d.splitserve.v1.FrontendTokens\x12*\n\x05\x65nded\x18\x03 \x03(\x0b\x32\x1b.splitserve.v1.EndedRequest\x12.\n\x08returned\x18\x04 \x03(\x0b\x32\x1c.splitserve.v1.SubmitRequest\x12\x13\n\x0b\x66irst_token\x18\x06 \x03(\t\"\xb7\x01\n\x0cShardCommand\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x31\n\thello_ack\x18\x02 \x01(\x0b\x32\x1c.splitserve.v1.ShardHelloAckH\x00\x12.\n\x06\x61ssign\x18\x03 \x01(\x0b\x32\x1c.splitserve.v1.AssignRequestH\x00\x12.\n\x06\x63\x61ncel\x18\x04 \x01(\x0b\x32\x1c.splitserve.v1.CancelRequestH\x00\x42\x05\n\x03msg\"%\n\rShardHelloAck\x12\x14\n\x0cscheduler_id\x18\x01 \x01(\t\"f\n\rAssignRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66rontend_id\x18\x02 \x01(\t\x12-\n\x07request\x18\x03 \x01(\x0b\x32\x1c.splitserve.v1.SubmitRequest2T\n\tShardLink\x12G\n\x07\x43onnect\x12\x1b.splitserve.v1.ShardMessage\x1a\x1b.splitserve.v1.ShardCommand(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,19 +38,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SHARDHELLO']._serialized_start=217
   _globals['_SHARDHELLO']._serialized_end=298
   _globals['_SHARDWORKER']._serialized_start=301
-  _globals['_SHARDWORKER']._serialized_end=768
-  _globals['_FRONTENDTOKENS']._serialized_start=770
-  _globals['_FRONTENDTOKENS']._serialized_end=828
-  _globals['_ENDEDREQUEST']._serialized_start=830
-  _globals['_ENDEDREQUEST']._serialized_end=943
-  _globals['_SHARDREPORT']._serialized_start=946
-  _globals['_SHARDREPORT']._serialized_end=1164
-  _globals['_SHARDCOMMAND']._serialized_start=1167
-  _globals['_SHARDCOMMAND']._serialized_end=1350
-  _globals['_SHARDHELLOACK']._serialized_start=1352
-  _globals['_SHARDHELLOACK']._serialized_end=1389
-  _globals['_ASSIGNREQUEST']._serialized_start=1391
-  _globals['_ASSIGNREQUEST']._serialized_end=1493
-  _globals['_SHARDLINK']._serialized_start=1495
-  _globals['_SHARDLINK']._serialized_end=1579
+  _globals['_SHARDWORKER']._serialized_end=791
+  _globals['_FRONTENDTOKENS']._serialized_start=793
+  _globals['_FRONTENDTOKENS']._serialized_end=851
+  _globals['_ENDEDREQUEST']._serialized_start=853
+  _globals['_ENDEDREQUEST']._serialized_end=966
+  _globals['_SHARDREPORT']._serialized_start=969
+  _globals['_SHARDREPORT']._serialized_end=1187
+  _globals['_SHARDCOMMAND']._serialized_start=1190
+  _globals['_SHARDCOMMAND']._serialized_end=1373
+  _globals['_SHARDHELLOACK']._serialized_start=1375
+  _globals['_SHARDHELLOACK']._serialized_end=1412
+  _globals['_ASSIGNREQUEST']._serialized_start=1414
+  _globals['_ASSIGNREQUEST']._serialized_end=1516
+  _globals['_SHARDLINK']._serialized_start=1518
+  _globals['_SHARDLINK']._serialized_end=1602
 # @@protoc_insertion_point(module_scope)

@@ -29,7 +29,7 @@ class ShardHello(_message.Message):
     def __init__(self, shard_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., worker_address: _Optional[str] = ...) -> None: ...
 
 class ShardWorker(_message.Message):
-    __slots__ = ("worker_id", "state", "block_size", "num_device_blocks", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "num_waiting", "num_running", "kv_usage", "cached_added", "cached_removed", "cached_reset", "enable_caching", "worst_waiting_priority", "held_request_ids", "max_loras", "loras", "resident_loras")
+    __slots__ = ("worker_id", "state", "block_size", "num_device_blocks", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "num_waiting", "num_running", "kv_usage", "cached_added", "cached_removed", "cached_reset", "enable_caching", "worst_waiting_priority", "held_request_ids", "max_loras", "loras", "resident_loras", "loras_changed")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,7 @@ class ShardWorker(_message.Message):
     MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
     LORAS_FIELD_NUMBER: _ClassVar[int]
     RESIDENT_LORAS_FIELD_NUMBER: _ClassVar[int]
+    LORAS_CHANGED_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     state: str
     block_size: int
@@ -68,7 +69,8 @@ class ShardWorker(_message.Message):
     max_loras: int
     loras: _containers.RepeatedCompositeFieldContainer[_generation_pb2.LoraAdapter]
     resident_loras: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., state: _Optional[str] = ..., block_size: _Optional[int] = ..., num_device_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., cached_added: _Optional[_Iterable[bytes]] = ..., cached_removed: _Optional[_Iterable[bytes]] = ..., cached_reset: _Optional[bool] = ..., enable_caching: _Optional[bool] = ..., worst_waiting_priority: _Optional[int] = ..., held_request_ids: _Optional[_Iterable[str]] = ..., max_loras: _Optional[int] = ..., loras: _Optional[_Iterable[_Union[_generation_pb2.LoraAdapter, _Mapping]]] = ..., resident_loras: _Optional[_Iterable[str]] = ...) -> None: ...
+    loras_changed: bool
+    def __init__(self, worker_id: _Optional[str] = ..., state: _Optional[str] = ..., block_size: _Optional[int] = ..., num_device_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., cached_added: _Optional[_Iterable[bytes]] = ..., cached_removed: _Optional[_Iterable[bytes]] = ..., cached_reset: _Optional[bool] = ..., enable_caching: _Optional[bool] = ..., worst_waiting_priority: _Optional[int] = ..., held_request_ids: _Optional[_Iterable[str]] = ..., max_loras: _Optional[int] = ..., loras: _Optional[_Iterable[_Union[_generation_pb2.LoraAdapter, _Mapping]]] = ..., resident_loras: _Optional[_Iterable[str]] = ..., loras_changed: _Optional[bool] = ...) -> None: ...
 
 class FrontendTokens(_message.Message):
     __slots__ = ("frontend_id", "token_batch")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.logging import get_logger
 from common.outcomes import LoraAdapterError
+from scheduler_svc.core import RequestStatus
 
 if TYPE_CHECKING:
     from scheduler_svc.engine.engine_host import EngineHost
@@ -54,27 +55,18 @@ class LoraUsage:
     waiting: tuple[str, ...] = ()
 
 
-@dataclass(slots=True)
-class _Draining:
-    adapter: LoraAdapter
-    task: asyncio.Task | None = None
-
-
 class LoraRegistry:
     def __init__(self, engine: EngineHost) -> None:
         self.engine = engine
         self.adapters: dict[str, LoraAdapter] = {}  # what requests may name
-        # worker id -> adapters read there: the same set as its session's available_loras
-        self.on_workers: dict[str, set[str]] = {}
+        # which adapters each worker has read is its session's available_loras
         self._pending: dict[tuple[str, str], asyncio.Future] = {}  # (worker, name) -> report
-        self._draining: dict[str, _Draining] = {}  # unloaded, requests with it still running
+        # unloaded, requests with it still running: the task that drops it from the workers
+        self._draining: dict[str, asyncio.Task] = {}
 
     # ---- what placement and admission ask ---------------------------------------------------
     def serves(self, name: str) -> bool:
         return name in self.adapters
-
-    def available_on(self, worker_id: str, name: str) -> bool:
-        return name in self.on_workers.get(worker_id, ())
 
     def describe(self) -> list[LoraAdapter]:
         return sorted(self.adapters.values(), key=lambda a: a.name)
@@ -86,9 +78,9 @@ class LoraRegistry:
         for state in self.engine.requests.values():
             if state.lora_name:
                 core = state.core
-                admitted = core is not None and core.status.name == "RUNNING"
+                admitted = core is not None and core.status is RequestStatus.RUNNING
                 (running if admitted and state.worker_id else waiting).add(state.lora_name)
-        slots = [getattr(s, "max_loras", 0) for s in self.engine.sessions.values()]
+        slots = [s.max_loras for s in self.engine.sessions.values()]
         return LoraUsage(max(slots, default=0), tuple(sorted(running)), tuple(sorted(waiting)))
 
     # ---- workers ------------------------------------------------------------------------------
@@ -96,8 +88,7 @@ class LoraRegistry:
         """A worker registered with the adapters it has read: it is told to read the others,
         and the workers already here to read those only it had (--lora-modules given to some
         workers, or a new leader learning them from its workers in any order)."""
-        held = {a.name for a in reported}
-        self.on_workers[session.worker_id] = session.available_loras = held
+        held = session.available_loras = {a.name for a in reported}
         learned = self.learn(reported)
         for other in self.engine._live_sessions():
             if other is not session and self._takes_adapters(other):
@@ -121,7 +112,6 @@ class LoraRegistry:
 
     def worker_detached(self, session: Any) -> None:
         wid = session.worker_id
-        self.on_workers.pop(wid, None)
         for (worker, name), future in list(self._pending.items()):
             if worker == wid:
                 del self._pending[(worker, name)]
@@ -131,9 +121,7 @@ class LoraRegistry:
     def on_report(self, session: Any, report: Any) -> None:
         """A worker's LoraReport: an adapter read (or refused, with why) or dropped."""
         wid, name = session.worker_id, report.adapter.name
-        held = self.on_workers.get(wid)
-        if held is None:
-            return
+        held = session.available_loras
         if report.unload:
             held.discard(name)
             return
@@ -208,9 +196,7 @@ class LoraRegistry:
         if adapter is None:
             raise LoraAdapterError("NOT_FOUND", f"no LoRA adapter {name!r} is loaded")
         in_flight = self._in_flight(name)
-        draining = _Draining(adapter)
-        self._draining[name] = draining
-        draining.task = asyncio.get_running_loop().create_task(self._drop_when_idle(name))
+        self._draining[name] = asyncio.get_running_loop().create_task(self._drop_when_idle(name))
         log.info("lora_unloading", adapter=name, in_flight=in_flight)
         return in_flight
 
@@ -230,9 +216,7 @@ class LoraRegistry:
     @staticmethod
     def _takes_adapters(session: Any) -> bool:
         return (
-            getattr(session, "max_loras", 0) > 0
-            and hasattr(session.transport, "send_lora")
-            and session.accepting
+            session.max_loras > 0 and hasattr(session.transport, "send_lora") and session.accepting
         )
 
     def _in_flight(self, name: str) -> int:
@@ -258,7 +242,7 @@ class LoraRegistry:
         return future
 
     async def _send_unload(self, session: Any, name: str) -> None:
-        self.on_workers.get(session.worker_id, set()).discard(name)
+        session.available_loras.discard(name)
         try:
             await session.transport.send_lora(name, "", unload=True)
         except Exception as exc:  # noqa: BLE001 - a worker that left has dropped it anyway
@@ -267,11 +251,7 @@ class LoraRegistry:
     async def _drop_when_idle(self, name: str) -> None:
         while self._in_flight(name):
             await asyncio.sleep(UNLOAD_POLL_S)
-        holders = [
-            s
-            for s in list(self.engine.sessions.values())
-            if self.available_on(s.worker_id, name) and not s.lost
-        ]
+        holders = [s for s in self.engine._live_sessions() if name in s.available_loras]
         for session in holders:
             await self._send_unload(session, name)
         self._draining.pop(name, None)  # only now may the name be loaded again

@@ -33,7 +33,6 @@ class WorkerPool:
         # (aging, per-tenant service) is global
         local_queue = create_request_queue(self.engine.policy)
         session = WorkerSession(registration, Scheduler(sched_cfg, local_queue), transport)
-        session.max_loras = registration.max_loras
         session.resident_loras = set(registration.resident_loras)
         self.engine.sessions[registration.worker_id] = session
         self.engine.loras.worker_attached(session, registration.loras)

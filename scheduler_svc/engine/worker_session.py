@@ -111,7 +111,6 @@ class WorkerSession:
     total_worker_step_s: float = 0.0
     total_worker_idle_s: float = 0.0
     attached_at: float = field(default_factory=time.monotonic)
-    max_loras: int = 0  # LoRA adapter slots, from its registration (0 = it runs no adapters)
     resident_loras: set[str] = field(default_factory=set)  # adapters in its slots, as reported
     available_loras: set[str] = field(default_factory=set)  # adapters it has read (can run)
     # adapters of the requests placed here: in a slot by their first step, before it says so
@@ -124,6 +123,11 @@ class WorkerSession:
     @property
     def load(self) -> int:
         return len(self.request_ids)
+
+    @property
+    def max_loras(self) -> int:
+        """LoRA adapter slots, from its registration (0 = it runs no adapters)."""
+        return self.registration.max_loras
 
     @property
     def accepting(self) -> bool:

@@ -85,6 +85,7 @@ class ShardAgent(EngineObserver):
         self.pending_tokens: list[RelaySink] = []
         self.report = pb.ShardReport()
         self.dirty_workers: set[str] = set()
+        self._loras_sent: dict[str, tuple[list[str], list[str]]] = {}  # as last described
         self.gone_workers: list[str] = []
         self.outbox: asyncio.Queue[pb.ShardMessage] | None = None
         self._flush_scheduled = False
@@ -96,6 +97,7 @@ class ShardAgent(EngineObserver):
     def on_worker_attached(self, session: WorkerSession) -> None:
         pool = session.scheduler.kv.pool
         pool.journal = CacheJournal(pool.cached)
+        self._loras_sent.pop(session.worker_id, None)  # the leader's record of it is new
         self.dirty_workers.add(session.worker_id)
         rows = [(r, row) for r, (s, row) in self.engine._held.items() if s is session]
         for request_id, row in rows:
@@ -178,9 +180,17 @@ class ShardAgent(EngineObserver):
         if self.outbox is not None and report.ByteSize():
             self.outbox.put_nowait(pb.ShardMessage(report=report))
 
-    def _adapters_read(self, session: WorkerSession) -> list:
+    def _describe_loras(self, session: WorkerSession, into: pb.ShardWorker) -> None:
+        """Its adapters read and in slots, only when they changed since the leader last heard
+        (a worker is described after each of its steps)."""
+        now = (sorted(session.available_loras), sorted(session.resident_loras))
+        if self._loras_sent.get(session.worker_id) == now:
+            return
+        self._loras_sent[session.worker_id] = now
         known = self.engine.loras.adapters
-        return [lora_message(known[n]) for n in sorted(session.available_loras) if n in known]
+        into.loras.extend(lora_message(known[n]) for n in now[0] if n in known)
+        into.resident_loras.extend(now[1])
+        into.loras_changed = True
 
     def _describe(self, session: WorkerSession, into: pb.ShardWorker) -> None:
         sched = session.scheduler
@@ -201,8 +211,7 @@ class ShardAgent(EngineObserver):
         into.enable_caching = cfg.enable_prefix_caching
         if session.max_loras > 0:
             into.max_loras = session.max_loras
-            into.loras.extend(self._adapters_read(session))
-            into.resident_loras.extend(sorted(session.resident_loras))
+            self._describe_loras(session, into)
         journal = pool.journal
         if journal is not None:
             if journal.reset:  # its first report here
@@ -274,6 +283,7 @@ class ShardAgent(EngineObserver):
                 return
             self.on_epoch(first.epoch)
             self.outbox = asyncio.Queue()
+            self._loras_sent.clear()  # a new leader hears every worker's adapters
             for worker_id in self.engine.sessions:  # the first report: every worker
                 self.dirty_workers.add(worker_id)
             self.soon()

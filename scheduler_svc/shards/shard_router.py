@@ -148,8 +148,8 @@ class ShardRouter:
             report.worst_waiting_priority if report.num_waiting else None
         )
         remote.kv_usage = report.kv_usage
-        if report.max_loras:
-            remote.max_loras = report.max_loras
+        remote.max_loras = report.max_loras
+        if report.loras_changed:
             remote.available_loras = {a.name for a in report.loras}
             remote.resident_loras = set(report.resident_loras)
             engine.loras.learn([adapter_from_message(a) for a in report.loras])

@@ -95,27 +95,18 @@ def test_smollm2_mixed_batch_equals_peft(smollm2, kernels):
 
 
 @pytest.fixture(scope="module")
-def llama_hd64(tmp_path_factory):
+def llama_hd64(llama_hd64_dir, tmp_path_factory):
     """A random Llama with head_dim 64, which the native decode stack takes, and an adapter."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(1)
-    config = LlamaConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=512,
-        max_position_embeddings=512,
-        initializer_range=0.2,
-    )
-    path = tmp_path_factory.mktemp("llama-hd64")
-    LlamaForCausalLM(config).save_pretrained(path)
     adapter = make_adapter(
-        path, path / "lora", seed=3, std=0.3, r=4, lora_alpha=8, target_modules=list(MODULES)
+        llama_hd64_dir,
+        tmp_path_factory.mktemp("hd64-lora"),
+        seed=3,
+        std=0.3,
+        r=4,
+        lora_alpha=8,
+        target_modules=list(MODULES),
     )
-    return path, adapter
+    return llama_hd64_dir, adapter
 
 
 @needs_level("avx2", "the float32 decode stack")
